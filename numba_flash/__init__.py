@@ -1,0 +1,1 @@
+from ._gpu import cuda_gpu_present  # noqa: F401

@@ -1,0 +1,20 @@
+"""Pure-NumPy reference of every algorithm in the FlashAttention papers (float64 by default:
+each function keeps the dtype it is given)."""
+
+from .attention import (attention_backward, attention_forward, blocked_attention, causal_mask,
+                        default_scale, repeat_kv, sum_kv_groups)
+from .cost import (attention_memory, backward_flops, forward_flops, hbm_accesses_flash,
+                   hbm_accesses_standard, hbm_crossover, recompute_flop_ratio, visible_pairs)
+from .flash import flash_backward, flash_forward
+from .softmax import (naive_softmax, online_softmax, online_softmax_stats,
+                      online_softmax_stats_blocked, safe_softmax)
+
+__all__ = [
+    "attention_backward", "attention_forward", "blocked_attention", "causal_mask",
+    "default_scale", "repeat_kv", "sum_kv_groups",
+    "attention_memory", "backward_flops", "forward_flops", "hbm_accesses_flash",
+    "hbm_accesses_standard", "hbm_crossover", "recompute_flop_ratio", "visible_pairs",
+    "flash_backward", "flash_forward",
+    "naive_softmax", "online_softmax", "online_softmax_stats", "online_softmax_stats_blocked",
+    "safe_softmax",
+]
