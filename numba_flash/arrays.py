@@ -1,0 +1,103 @@
+"""Array adaptation: NumPy arrays, Numba device arrays, CuPy arrays and PyTorch CUDA tensors.
+
+Device inputs are used in place through __cuda_array_interface__; results come back as the
+same kind of array as the inputs. NumPy inputs are copied to the GPU and results back.
+"""
+
+import numpy as np
+
+UNSUPPORTED_FLOATS = ("float16", "bfloat16", "float8")
+
+
+def kind_of(x):
+    """'torch', 'cupy', 'numba' (a device array) or 'numpy'."""
+    mod = type(x).__module__.split(".")[0]
+    if mod == "torch":
+        return "torch"
+    if mod == "cupy":
+        return "cupy"
+    if hasattr(x, "__cuda_array_interface__") or type(x).__name__ == "FakeCUDAArray":
+        return "numba"
+    return "numpy"
+
+
+def dtype_of(name, x):
+    """NumPy dtype of any supported array kind; TypeError naming the argument otherwise."""
+    kind = kind_of(x)
+    if kind == "torch":
+        tname = str(x.dtype).replace("torch.", "")
+        if tname.startswith(UNSUPPORTED_FLOATS):
+            raise TypeError(f"{name}: {tname} is not supported yet (float32 and float64 are)")
+        if not x.is_cuda:
+            raise ValueError(f"{name}: torch tensors must be on a CUDA device, got {x.device}")
+        return np.dtype(tname)
+    if kind == "numpy" and not isinstance(x, np.ndarray):
+        x = np.asarray(x)
+    dt = np.dtype(x.dtype)
+    if dt == np.float16 or dt.name.startswith(UNSUPPORTED_FLOATS):
+        raise TypeError(f"{name}: {dt} is not supported yet (float32 and float64 are)")
+    return dt
+
+
+def shape_of(x):
+    return tuple(x.shape)
+
+
+def device_of(x):
+    """A hashable name of the device holding x: 'host', or ('cuda', ordinal)."""
+    kind = kind_of(x)
+    if kind == "torch":
+        return ("cuda", x.device.index)
+    if kind == "cupy":
+        return ("cuda", x.device.id)
+    if kind == "numba":
+        return ("cuda", _numba_device_ordinal(x))
+    return "host"
+
+
+def _numba_device_ordinal(x):
+    try:
+        from numba import cuda
+        return cuda.get_current_device().id
+    except Exception:  # the simulator
+        return 0
+
+
+def is_c_contiguous(x):
+    kind = kind_of(x)
+    if kind == "torch":
+        return x.is_contiguous()
+    if kind in ("cupy", "numpy"):
+        return x.flags.c_contiguous
+    return x.is_c_contiguous()
+
+
+def to_device(x, shape3):
+    """x as a Numba device array of shape shape3 (a view where x lives on the GPU already)."""
+    from numba import cuda
+    kind = kind_of(x)
+    if kind == "numpy":
+        return cuda.to_device(np.ascontiguousarray(x).reshape(shape3))
+    if kind == "numba":
+        return x.reshape(shape3)
+    return cuda.as_cuda_array(x).reshape(shape3)
+
+
+def empty_device(shape, dtype):
+    from numba import cuda
+    return cuda.device_array(shape, dtype=dtype)
+
+
+def from_device(d_arr, shape, like):
+    """A device result returned as the kind of array `like` is, with the given shape."""
+    kind = kind_of(like)
+    d_arr = d_arr.reshape(shape)
+    if kind == "numpy":
+        return d_arr.copy_to_host()
+    if kind == "cupy":
+        import cupy
+        return cupy.asarray(d_arr)
+    if kind == "torch":
+        import torch
+        return torch.as_tensor(d_arr, device=like.device)
+    return d_arr

@@ -1,0 +1,36 @@
+"""The kernel registry: every variant registered here runs through the same checks
+(`numba-flash verify`, the tests, the fuzzer) and the same benchmark.
+
+A forward variant is a factory make_kernel(block_m, block_n, head_dim, causal, dtype) ->
+(kernel, threads_per_block), launched on grid (ceil(Nq / block_m), B*H) with arguments
+(q, k, v, out, lse, scale, heads, group) on 3-D arrays (B*H, N, d), plus default_blocks(head_dim,
+dtype) -> (block_m, block_n). To add one: copy forward_rowwise.py, change it, and call
+register_forward("my-name", module.make_forward_kernel, module.default_blocks).
+"""
+
+from dataclasses import dataclass
+from typing import Callable
+
+from . import forward_rowwise, forward_tiled
+
+
+@dataclass(frozen=True)
+class ForwardVariant:
+    name: str
+    make_kernel: Callable
+    default_blocks: Callable
+
+
+FORWARD = {}
+
+
+def register_forward(name, make_kernel, default_blocks):
+    """Add a forward kernel variant under `name` (replacing any of that name)."""
+    FORWARD[name] = ForwardVariant(name, make_kernel, default_blocks)
+    return FORWARD[name]
+
+
+register_forward("rowwise", forward_rowwise.make_forward_kernel, forward_rowwise.default_blocks)
+register_forward("tiled", forward_tiled.make_forward_kernel, forward_tiled.default_blocks)
+
+DEFAULT_FORWARD = "tiled"

@@ -1,0 +1,192 @@
+"""Forward kernel, tiled variant: every thread computes a small tile of S and of O.
+
+Why: in the row-per-thread kernel each value loaded from shared memory feeds one FMA, so it
+runs at shared-memory speed, about a quarter of the FMA rate. Here a block of TY x TX threads
+owns block_m query rows; thread (ty, tx) owns rows ty + a*TY (a < TM) and, of S, columns
+tx + b*TX (b < TN), of O, columns tx + c*TX (c < TD). Each shared-memory load then feeds TN
+(or TM, TD) FMAs. Rows and columns are strided, not contiguous, so that the lanes of a warp
+read consecutive words (no bank conflicts) and shared rows (broadcasts).
+
+One K/V tile, in four phases separated by barriers:
+  1. S = (scale Q) K^T from Q (staged once) and K^T in shared memory; masked entries -inf.
+  2. one thread per row: m_new = max(m, rowmax S), alpha = exp(m - m_new); V replaces K^T.
+  3. every thread: P = exp(S - m_new) (from its registers) into shared; O *= alpha.
+  4. one thread per row: l = alpha l + rowsum P; every thread: O += P V.
+"""
+
+import functools
+import math
+
+from numba import cuda
+
+from .common import (NEG_INF, ceil_div, check_block, check_head_dim, check_shared_memory,
+                     kv_head, numba_type)
+
+THREADS_X = 16   # TX: threads along the key / head-dim axis
+THREADS_Y = 8    # TY: threads along the query axis
+
+
+def thread_shape(block_m, block_n):
+    """(TY, TX) for a tile: 8 x 16 threads, fewer where a block is smaller than that."""
+    return min(THREADS_Y, block_m), min(THREADS_X, block_n)
+
+
+def shared_bytes(block_m, block_n, head_dim, item):
+    """Shared memory of one block: Q (padded), K^T or V (one buffer), S/P (padded), m, l, alpha."""
+    _, tx = thread_shape(block_m, block_n)
+    d_pad = ceil_div(head_dim, tx) * tx
+    kv = max(d_pad * (block_n + 1), block_n * d_pad)
+    return item * (block_m * (d_pad + 1) + kv + block_m * (block_n + 1) + 3 * block_m)
+
+
+def default_blocks(head_dim, dtype):
+    """(block_m, block_n) chosen per (d, dtype) to fit 48 KiB: larger tiles where d is small."""
+    item = 8 if str(dtype) == "float64" else 4
+    for block_m, block_n in ((32, 64), (32, 32), (16, 32), (16, 16), (8, 16), (8, 8)):
+        if shared_bytes(block_m, block_n, head_dim, item) <= 48 * 1024:
+            return block_m, block_n
+    raise ValueError(f"no tile fits head dim {head_dim}")
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
+    """Compile-time constants in, (kernel, threads_per_block) out. Launch with grid
+    (ceil(Nq / block_m), B*H) and arguments (q, k, v, out, lse, scale, heads, group)."""
+    check_block("block_m", block_m, 128)
+    check_block("block_n", block_n, 128)
+    check_head_dim(head_dim)
+    T = numba_type(dtype)
+    TY, TX = thread_shape(block_m, block_n)
+    if block_m % TY or block_n % TX:
+        raise ValueError(f"tiled forward needs block_m a multiple of {TY} and block_n a multiple "
+                         f"of {TX}, got {block_m} and {block_n}")
+    check_shared_memory(f"tiled forward with block_m={block_m}, block_n={block_n}, d={head_dim}",
+                        shared_bytes(block_m, block_n, head_dim, T.bitwidth // 8),
+                        "choose smaller blocks")
+    BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
+    TM, TN = BLOCK_M // TY, BLOCK_N // TX
+    D_PAD = ceil_div(D, TX) * TX                       # head dim padded with zeros to TX*TD
+    TD = D_PAD // TX
+    NT = TY * TX
+    KV_SIZE = max(D_PAD * (BLOCK_N + 1), BLOCK_N * D_PAD)
+
+    @cuda.jit
+    def forward_tiled(q, k, v, out, lse, scale, heads, group):
+        bh = cuda.blockIdx.y
+        kv = kv_head(bh, heads, group)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * TX + tx
+        m0 = cuda.blockIdx.x * BLOCK_M
+        nq, nk = q.shape[1], k.shape[1]
+        offset = nk - nq                               # causal: key j visible iff j <= i + offset
+
+        Q_tile = cuda.shared.array((BLOCK_M, D_PAD + 1), T)   # +1: rows in different banks
+        KV_tile = cuda.shared.array(KV_SIZE, T)               # K^T [c, j] then V [j, c]
+        S_tile = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
+        m_row = cuda.shared.array(BLOCK_M, T)
+        l_row = cuda.shared.array(BLOCK_M, T)
+        alpha_row = cuda.shared.array(BLOCK_M, T)
+        s = cuda.local.array((TM, TN), T)
+        o = cuda.local.array((TM, TD), T)
+
+        # Q tile, pre-multiplied by scale, zero outside the problem
+        for idx in range(tid, BLOCK_M * D_PAD, NT):
+            r = idx // D_PAD
+            c = idx % D_PAD
+            inside = m0 + r < nq and c < D
+            Q_tile[r, c] = q[bh, m0 + r, c] * T(scale) if inside else T(0.0)
+        for r in range(tid, BLOCK_M, NT):
+            m_row[r] = T(NEG_INF)
+            l_row[r] = T(0.0)
+        for a in range(TM):
+            for c in range(TD):
+                o[a, c] = T(0.0)
+        cuda.syncthreads()        # m_row, l_row are read at the end even if no tile is visited
+
+        n_end = nk
+        if causal:                                     # no key past the block's last row
+            n_end = min(nk, m0 + BLOCK_M + offset)
+        for n0 in range(0, n_end, BLOCK_N):
+            # stage K^T: KV_tile[c * (BLOCK_N + 1) + j] = k[n0 + j, c]
+            for idx in range(tid, BLOCK_N * D_PAD, NT):
+                j = idx // D_PAD
+                c = idx % D_PAD
+                inside = n0 + j < nk and c < D
+                KV_tile[c * (BLOCK_N + 1) + j] = k[kv, n0 + j, c] if inside else T(0.0)
+            cuda.syncthreads()
+
+            # phase 1: this thread's TM x TN scores
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = T(0.0)
+            for c in range(D_PAD):
+                for a in range(TM):
+                    q_ac = Q_tile[ty + a * TY, c]
+                    for b in range(TN):
+                        s[a, b] += q_ac * KV_tile[c * (BLOCK_N + 1) + tx + b * TX]
+            for a in range(TM):
+                i = m0 + ty + a * TY
+                for b in range(TN):
+                    j = n0 + tx + b * TX
+                    if j >= nk or (causal and j > i + offset):
+                        s[a, b] = T(NEG_INF)
+                    S_tile[ty + a * TY, tx + b * TX] = s[a, b]
+            cuda.syncthreads()
+
+            # phase 2: row statistics (one thread per row); the others stage V over K^T
+            for r in range(tid, BLOCK_M, NT):
+                m_old = m_row[r]
+                m_new = m_old
+                for j in range(BLOCK_N):
+                    m_new = max(m_new, S_tile[r, j])
+                # guard: while a row has seen no visible key, m stays -inf and alpha is moot
+                alpha_row[r] = math.exp(m_old - m_new) if m_new != T(NEG_INF) else T(0.0)
+                m_row[r] = m_new
+            for idx in range(tid, BLOCK_N * D_PAD, NT):
+                j = idx // D_PAD
+                c = idx % D_PAD
+                inside = n0 + j < nk and c < D
+                KV_tile[j * D_PAD + c] = v[kv, n0 + j, c] if inside else T(0.0)
+            cuda.syncthreads()
+
+            # phase 3: P = exp(S - m_new) from registers; rescale O by alpha
+            for a in range(TM):
+                r = ty + a * TY
+                m_new = m_row[r]
+                m_safe = m_new if m_new != T(NEG_INF) else T(0.0)
+                for b in range(TN):
+                    S_tile[r, tx + b * TX] = math.exp(s[a, b] - m_safe)
+                alpha = alpha_row[r]
+                for c in range(TD):
+                    o[a, c] *= alpha
+            cuda.syncthreads()
+
+            # phase 4: l = alpha l + rowsum P (one thread per row); O += P V (all)
+            for r in range(tid, BLOCK_M, NT):
+                l_sum = T(0.0)
+                for j in range(BLOCK_N):
+                    l_sum += S_tile[r, j]
+                l_row[r] = alpha_row[r] * l_row[r] + l_sum
+            for j in range(BLOCK_N):
+                for a in range(TM):
+                    p = S_tile[ty + a * TY, j]
+                    for c in range(TD):
+                        o[a, c] += p * KV_tile[j * D_PAD + tx + c * TX]
+            cuda.syncthreads()
+
+        # out = O / l; rows that saw no key give out = 0 and lse = -inf
+        for a in range(TM):
+            r = ty + a * TY
+            i = m0 + r
+            if i < nq:
+                l_i = l_row[r]
+                inv_l = T(1.0) / l_i if l_i > T(0.0) else T(0.0)
+                for c in range(TD):
+                    col = tx + c * TX
+                    if col < D:
+                        out[bh, i, col] = o[a, c] * inv_l
+                if tx == 0:
+                    lse[bh, i] = m_row[r] + math.log(l_i) if l_i > T(0.0) else T(NEG_INF)
+
+    return forward_tiled, (TX, TY)
