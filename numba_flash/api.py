@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import arrays
-from .kernels import DEFAULT_FORWARD, FORWARD
+from .kernels import BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD
 from .kernels.common import MAX_HEAD_DIM, ceil_div
 
 
@@ -137,3 +137,52 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     launch[grid, threads](d_q, d_k, d_v, d_out, d_lse, p.dtype.type(p.scale), p.heads, p.group)
     return (arrays.from_device(d_out, p.lead + (p.nq, p.d), q),
             arrays.from_device(d_lse, p.lead + (p.nq,), q))
+
+
+def _check_like(name, x, shape, p, device):
+    """x must be an array of the given shape, of p's dtype, on the given device."""
+    dt = arrays.dtype_of(name, x)
+    if dt != p.dtype:
+        raise TypeError(f"{name} must have dtype {p.dtype} like q, got {dt}")
+    if arrays.shape_of(x) != shape:
+        raise ValueError(f"{name} must have shape {shape} (what the forward pass gives), "
+                         f"got {arrays.shape_of(x)}")
+    if arrays.device_of(x) != device:
+        raise ValueError(f"{name} is on {arrays.device_of(x)}, q on {device}")
+    if arrays.kind_of(x) != "numpy" and not arrays.is_c_contiguous(x):
+        raise ValueError(f"{name} is a non-contiguous device array; pass a contiguous copy")
+
+
+def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None,
+                             deterministic=False, block_m=None, block_n=None,
+                             kernel=DEFAULT_BACKWARD):
+    """FlashAttention backward on the GPU, from the forward's out and lse (no P saved).
+
+    dout and out (..., Nq, d) like q; lse (..., Nq) as flash_attention_forward returns it;
+    q, k, v, causal and scale as in flash_attention_forward (pass the same ones).
+    Returns dq, dk, dv with q, k, v's shapes, as the same kind of array as q. Under GQA dk
+    and dv sum over the query heads that share a key head. Rows that saw no key give zero
+    gradients. Besides its outputs it allocates only D = rowsum(dO * O), (..., Nq).
+
+    deterministic: accepted for API compatibility with FlashAttention; the registered
+    kernel uses no atomics (dQ has its own kernel), so every call is bitwise reproducible.
+    """
+    p = _validate(q, k, v, scale)
+    device = arrays.device_of(q)
+    _check_like("dout", dout, p.lead + (p.nq, p.d), p, device)
+    _check_like("out", out, p.lead + (p.nq, p.d), p, device)
+    _check_like("lse", lse, p.lead + (p.nq,), p, device)
+    variant = _variant(BACKWARD, kernel)
+    bm, bn = _blocks(variant, p, block_m, block_n)
+    bh, bhk = p.batch_heads, math.prod(p.kv_lead)
+    qs, ks = (bh, p.nq, p.d), (bhk, p.nk, p.d)
+    d_dq = arrays.empty_device(qs, p.dtype)
+    d_dk = arrays.empty_device(ks, p.dtype)
+    d_dv = arrays.empty_device(ks, p.dtype)
+    variant.run(arrays.to_device(dout, qs), arrays.to_device(q, qs), arrays.to_device(k, ks),
+                arrays.to_device(v, ks), arrays.to_device(lse, (bh, p.nq)),
+                arrays.to_device(out, qs), d_dq, d_dk, d_dv, scale=p.scale, heads=p.heads,
+                group=p.group, causal=bool(causal), block_m=bm, block_n=bn)
+    return (arrays.from_device(d_dq, arrays.shape_of(q), q),
+            arrays.from_device(d_dk, arrays.shape_of(k), q),
+            arrays.from_device(d_dv, arrays.shape_of(v), q))

@@ -6,12 +6,15 @@ A forward variant is a factory make_kernel(block_m, block_n, head_dim, causal, d
 (q, k, v, out, lse, scale, heads, group) on 3-D arrays (B*H, N, d), plus default_blocks(head_dim,
 dtype) -> (block_m, block_n). To add one: copy forward_rowwise.py, change it, and call
 register_forward("my-name", module.make_forward_kernel, module.default_blocks).
+
+A backward variant is run(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
+block_m, block_n), launching whatever it needs on 3-D device arrays, plus default_blocks.
 """
 
 from dataclasses import dataclass
 from typing import Callable
 
-from . import forward_rowwise, forward_tiled
+from . import backward, forward_rowwise, forward_tiled
 
 
 @dataclass(frozen=True)
@@ -34,3 +37,24 @@ register_forward("rowwise", forward_rowwise.make_forward_kernel, forward_rowwise
 register_forward("tiled", forward_tiled.make_forward_kernel, forward_tiled.default_blocks)
 
 DEFAULT_FORWARD = "tiled"
+
+
+@dataclass(frozen=True)
+class BackwardVariant:
+    name: str
+    run: Callable
+    default_blocks: Callable
+
+
+BACKWARD = {}
+
+
+def register_backward(name, run, default_blocks):
+    """Add a backward kernel variant under `name` (replacing any of that name)."""
+    BACKWARD[name] = BackwardVariant(name, run, default_blocks)
+    return BACKWARD[name]
+
+
+register_backward("tiled", backward.run_backward, backward.default_blocks)
+
+DEFAULT_BACKWARD = "tiled"

@@ -1,0 +1,299 @@
+"""Backward kernels: D = rowsum(dO * O), then dK/dV and dQ, from q, k, v, out, lse only.
+
+Three launches, none with atomics, so results are bitwise reproducible run after run:
+  preprocess  D_i = sum_c dO_ic O_ic, one thread per query row.
+  dkdv        grid over K/V blocks (B*Hk of them per block index): the outer loop holds K_j, V_j
+              and the dK_j, dV_j accumulators; the inner loop walks the query heads that share
+              this key head (GQA) and their Q blocks, recomputes P_ij = exp(S_ij - lse_i) and
+              dS_ij = P_ij (dP_ij - D_i), and adds dV_j += P_ij^T dO_i, dK_j += dS_ij^T Q_i.
+  dq          grid over Q blocks: recomputes P_ij and dS_ij for each K/V block and adds
+              dQ_i += dS_ij K_j (the FlashAttention-2 alternative to atomic adds into dQ).
+Both tile kernels use a TY x TX thread block; thread (ty, tx) owns strided rows ty + a*TY and
+columns tx + b*TX of each tile, as in forward_tiled. scale is applied to S and, once at the
+end, to dQ and dK.
+"""
+
+import functools
+import math
+
+from numba import cuda
+
+from .common import (NEG_INF, ceil_div, check_block, check_head_dim, check_shared_memory,
+                     kv_head, numba_type)
+
+THREADS_X = 16
+THREADS_Y = 8
+PREPROCESS_THREADS = 128
+
+
+def thread_shape(block_m, block_n):
+    return min(THREADS_Y, block_m, block_n), min(THREADS_X, block_n)
+
+
+def shared_bytes(block_m, block_n, head_dim, item):
+    """Q, dO (block_m rows), K, V (block_n rows), all padded; P and dS tiles; lse and D."""
+    _, tx = thread_shape(block_m, block_n)
+    d_pad = ceil_div(head_dim, tx) * tx
+    return item * ((2 * block_m + 2 * block_n) * (d_pad + 1) + 2 * block_m * (block_n + 1)
+                   + 2 * block_m)
+
+
+def default_blocks(head_dim, dtype):
+    """(block_m, block_n) per (d, dtype): the largest square tile that fits 48 KiB."""
+    item = 8 if str(dtype) == "float64" else 4
+    for block in (32, 16, 8, 4):
+        if shared_bytes(block, block, head_dim, item) <= 48 * 1024:
+            return block, block
+    raise ValueError(f"no tile fits head dim {head_dim}")
+
+
+@functools.lru_cache(maxsize=None)
+def make_preprocess_kernel(head_dim, dtype):
+    """D = rowsum(dO * O) on (BH, Nq, d) arrays; launch grid (ceil(Nq/128), BH), 128 threads."""
+    check_head_dim(head_dim)
+    T = numba_type(dtype)
+    D_ = head_dim
+
+    @cuda.jit
+    def preprocess(dout, out, D):
+        bh = cuda.blockIdx.y
+        i = cuda.blockIdx.x * PREPROCESS_THREADS + cuda.threadIdx.x
+        if i < out.shape[1]:
+            acc = T(0.0)
+            for c in range(D_):
+                acc += dout[bh, i, c] * out[bh, i, c]
+            D[bh, i] = acc
+
+    return preprocess, PREPROCESS_THREADS
+
+
+@functools.lru_cache(maxsize=None)
+def _tile_functions(block_m, block_n, head_dim, causal, dtype):
+    """Device functions shared by the dkdv and dq kernels (same constants, same math)."""
+    T = numba_type(dtype)
+    TY, TX = thread_shape(block_m, block_n)
+    BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
+    D_PAD = ceil_div(D, TX) * TX
+    TM, TN = BLOCK_M // TY, BLOCK_N // TX
+    NT = TY * TX
+
+    @cuda.jit(device=True)
+    def stage_rows(src, bh, row0, rows, tile, tid):
+        """tile[r, c] = src[bh, row0 + r, c] for r < rows, zero outside the array / past d."""
+        n = src.shape[1]
+        for idx in range(tid, rows * D_PAD, NT):
+            r = idx // D_PAD
+            c = idx % D_PAD
+            tile[r, c] = src[bh, row0 + r, c] if (row0 + r < n and c < D) else T(0.0)
+
+    @cuda.jit(device=True)
+    def p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, scale, ty, tx):
+        """This thread's entries of P_ij = exp(scale Q_i K_j^T - lse_i) (0 where masked or
+        where the row saw no key) and dS_ij = P_ij (dO_i V_j^T - D_i), into P_t and dS_t."""
+        s = cuda.local.array((TM, TN), T)
+        dp = cuda.local.array((TM, TN), T)
+        for a in range(TM):
+            for b in range(TN):
+                s[a, b] = T(0.0)
+                dp[a, b] = T(0.0)
+        for c in range(D_PAD):
+            for a in range(TM):
+                q_ac = Q_t[ty + a * TY, c]
+                do_ac = dO_t[ty + a * TY, c]
+                for b in range(TN):
+                    s[a, b] += q_ac * K_t[tx + b * TX, c]
+                    dp[a, b] += do_ac * V_t[tx + b * TX, c]
+        offset = nk - nq
+        for a in range(TM):
+            r = ty + a * TY
+            i = m0 + r
+            lse_i = lse_t[r]
+            for b in range(TN):
+                j = n0 + tx + b * TX
+                visible = i < nq and j < nk and (not causal or j <= i + offset)
+                p = T(0.0)
+                if visible and lse_i != T(NEG_INF):       # guard: fully masked row
+                    p = math.exp(s[a, b] * scale - lse_i)
+                P_t[r, tx + b * TX] = p
+                dS_t[r, tx + b * TX] = p * (dp[a, b] - D_t[r])
+
+    return stage_rows, p_and_ds
+
+
+def _check_config(what, block_m, block_n, head_dim, dtype):
+    check_block("block_m", block_m, 128)
+    check_block("block_n", block_n, 128)
+    check_head_dim(head_dim)
+    T = numba_type(dtype)
+    TY, TX = thread_shape(block_m, block_n)
+    if block_m % TY or block_n % TX or block_n % TY:
+        raise ValueError(f"{what} needs block_m and block_n multiples of {TY} and block_n a "
+                         f"multiple of {TX}, got {block_m} and {block_n}")
+    check_shared_memory(f"{what} with block_m={block_m}, block_n={block_n}, d={head_dim}",
+                        shared_bytes(block_m, block_n, head_dim, T.bitwidth // 8),
+                        "choose smaller blocks")
+    return T, TY, TX
+
+
+@functools.lru_cache(maxsize=None)
+def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
+    """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
+    (q, k, v, dout, lse, D, dk, dv, scale, heads, group)."""
+    T, TY, TX = _check_config("backward", block_m, block_n, head_dim, dtype)
+    stage_rows, p_and_ds = _tile_functions(block_m, block_n, head_dim, causal, dtype)
+    BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
+    D_PAD = ceil_div(D, TX) * TX
+    TD, TJ = D_PAD // TX, BLOCK_N // TY            # this thread's columns of d, rows of K/V
+    NT = TY * TX
+
+    @cuda.jit
+    def dkdv(q, k, v, dout, lse, Dvec, dk, dv, scale, heads, group):
+        kvh = cuda.blockIdx.y                          # index into B*Hk
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * TX + tx
+        n0 = cuda.blockIdx.x * BLOCK_N
+        nq, nk = q.shape[1], k.shape[1]
+        offset = nk - nq
+
+        Q_t = cuda.shared.array((BLOCK_M, D_PAD + 1), T)
+        dO_t = cuda.shared.array((BLOCK_M, D_PAD + 1), T)
+        K_t = cuda.shared.array((BLOCK_N, D_PAD + 1), T)
+        V_t = cuda.shared.array((BLOCK_N, D_PAD + 1), T)
+        P_t = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
+        dS_t = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
+        lse_t = cuda.shared.array(BLOCK_M, T)
+        D_t = cuda.shared.array(BLOCK_M, T)
+        dk_acc = cuda.local.array((TJ, TD), T)
+        dv_acc = cuda.local.array((TJ, TD), T)
+        for a in range(TJ):
+            for c in range(TD):
+                dk_acc[a, c] = T(0.0)
+                dv_acc[a, c] = T(0.0)
+
+        stage_rows(k, kvh, n0, BLOCK_N, K_t, tid)
+        stage_rows(v, kvh, n0, BLOCK_N, V_t, tid)
+        # causal: query i sees key j iff i >= j - offset; skip Q blocks that see none of ours
+        m_start = 0
+        if causal:
+            m_start = max(0, n0 - offset) // BLOCK_M * BLOCK_M
+        b = kvh // (heads // group)
+        for g in range(group):                         # the query heads sharing this key head
+            bh = b * heads + (kvh % (heads // group)) * group + g
+            for m0 in range(m_start, nq, BLOCK_M):
+                stage_rows(q, bh, m0, BLOCK_M, Q_t, tid)
+                stage_rows(dout, bh, m0, BLOCK_M, dO_t, tid)
+                for r in range(tid, BLOCK_M, NT):
+                    inside = m0 + r < nq
+                    lse_t[r] = lse[bh, m0 + r] if inside else T(NEG_INF)
+                    D_t[r] = Dvec[bh, m0 + r] if inside else T(0.0)
+                cuda.syncthreads()
+                p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, scale, ty, tx)
+                cuda.syncthreads()
+                # dV_j += P^T dO_i ; dK_j += dS^T Q_i (contraction over the block's query rows)
+                for i in range(BLOCK_M):
+                    for a in range(TJ):
+                        p = P_t[i, ty + a * TY]
+                        ds = dS_t[i, ty + a * TY]
+                        for c in range(TD):
+                            dv_acc[a, c] += p * dO_t[i, tx + c * TX]
+                            dk_acc[a, c] += ds * Q_t[i, tx + c * TX]
+                cuda.syncthreads()
+
+        for a in range(TJ):
+            j = n0 + ty + a * TY
+            if j < nk:
+                for c in range(TD):
+                    col = tx + c * TX
+                    if col < D:
+                        dk[kvh, j, col] = dk_acc[a, c] * scale
+                        dv[kvh, j, col] = dv_acc[a, c]
+
+    return dkdv, (TX, TY)
+
+
+@functools.lru_cache(maxsize=None)
+def make_dq_kernel(block_m, block_n, head_dim, causal, dtype):
+    """dQ. Launch grid (ceil(Nq / block_m), B*H), threads (TX, TY), arguments
+    (q, k, v, dout, lse, D, dq, scale, heads, group)."""
+    T, TY, TX = _check_config("backward", block_m, block_n, head_dim, dtype)
+    stage_rows, p_and_ds = _tile_functions(block_m, block_n, head_dim, causal, dtype)
+    BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
+    D_PAD = ceil_div(D, TX) * TX
+    TD, TM = D_PAD // TX, BLOCK_M // TY
+    NT = TY * TX
+
+    @cuda.jit
+    def dq_kernel(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
+        bh = cuda.blockIdx.y
+        kvh = kv_head(bh, heads, group)
+        tx = cuda.threadIdx.x
+        ty = cuda.threadIdx.y
+        tid = ty * TX + tx
+        m0 = cuda.blockIdx.x * BLOCK_M
+        nq, nk = q.shape[1], k.shape[1]
+
+        Q_t = cuda.shared.array((BLOCK_M, D_PAD + 1), T)
+        dO_t = cuda.shared.array((BLOCK_M, D_PAD + 1), T)
+        K_t = cuda.shared.array((BLOCK_N, D_PAD + 1), T)
+        V_t = cuda.shared.array((BLOCK_N, D_PAD + 1), T)
+        P_t = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
+        dS_t = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
+        lse_t = cuda.shared.array(BLOCK_M, T)
+        D_t = cuda.shared.array(BLOCK_M, T)
+        dq_acc = cuda.local.array((TM, TD), T)
+        for a in range(TM):
+            for c in range(TD):
+                dq_acc[a, c] = T(0.0)
+
+        stage_rows(q, bh, m0, BLOCK_M, Q_t, tid)
+        stage_rows(dout, bh, m0, BLOCK_M, dO_t, tid)
+        for r in range(tid, BLOCK_M, NT):
+            inside = m0 + r < nq
+            lse_t[r] = lse[bh, m0 + r] if inside else T(NEG_INF)
+            D_t[r] = Dvec[bh, m0 + r] if inside else T(0.0)
+        n_end = nk
+        if causal:                                     # no key past the block's last row
+            n_end = min(nk, m0 + BLOCK_M + nk - nq)
+        for n0 in range(0, n_end, BLOCK_N):
+            stage_rows(k, kvh, n0, BLOCK_N, K_t, tid)
+            stage_rows(v, kvh, n0, BLOCK_N, V_t, tid)
+            cuda.syncthreads()
+            p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, scale, ty, tx)
+            cuda.syncthreads()
+            # dQ_i += dS K_j (contraction over the block's keys)
+            for j in range(BLOCK_N):
+                for a in range(TM):
+                    ds = dS_t[ty + a * TY, j]
+                    for c in range(TD):
+                        dq_acc[a, c] += ds * K_t[j, tx + c * TX]
+            cuda.syncthreads()
+
+        for a in range(TM):
+            i = m0 + ty + a * TY
+            if i < nq:
+                for c in range(TD):
+                    col = tx + c * TX
+                    if col < D:
+                        dq[bh, i, col] = dq_acc[a, c] * scale
+
+    return dq_kernel, (TX, TY)
+
+
+def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
+                 block_m, block_n):
+    """Launch preprocess, dkdv and dq on 3-D device arrays: q, dout, out, dq (B*H, Nq, d);
+    k, v, dk, dv (B*Hk, Nk, d); lse (B*H, Nq). Allocates only D (B*H, Nq) besides."""
+    from .. import arrays
+    bh, nq, d = q.shape
+    bhk, nk, _ = k.shape
+    dtype = q.dtype
+    T = numba_type(dtype)
+    scale = T(scale)
+    D = arrays.empty_device((bh, nq), dtype)
+    pre, threads = make_preprocess_kernel(d, dtype)
+    pre[(ceil_div(nq, threads), bh), threads](dout, out, D)
+    dkdv, threads = make_dkdv_kernel(block_m, block_n, d, causal, dtype)
+    dkdv[(ceil_div(nk, block_n), bhk), threads](q, k, v, dout, lse, D, dk, dv, scale, heads, group)
+    dq_kernel, threads = make_dq_kernel(block_m, block_n, d, causal, dtype)
+    dq_kernel[(ceil_div(nq, block_m), bh), threads](q, k, v, dout, lse, D, dq, scale, heads, group)
