@@ -2,13 +2,11 @@
 
 import pytest
 
-from numba_flash._gpu import use_simulator_without_gpu
-
-SIMULATOR = use_simulator_without_gpu()  # before anything imports numba.cuda
+import numba_flash  # turns the simulator on when no GPU is present
 
 
 def pytest_collection_modifyitems(config, items):
-    if not SIMULATOR:
+    if not numba_flash.SIMULATOR:
         return
     skip = pytest.mark.skip(reason="needs a real CUDA GPU (running on the CUDA simulator)")
     for item in items:

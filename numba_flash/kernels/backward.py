@@ -9,8 +9,12 @@ Three launches, none with atomics, so results are bitwise reproducible run after
   dq          grid over Q blocks: recomputes P_ij and dS_ij for each K/V block and adds
               dQ_i += dS_ij K_j (the FlashAttention-2 alternative to atomic adds into dQ).
 Both tile kernels use a TY x TX thread block; thread (ty, tx) owns strided rows ty + a*TY and
-columns tx + b*TX of each tile, as in forward_tiled. scale is applied to S and, once at the
-end, to dQ and dK.
+columns tx + b*TX of each tile, as in forward_tiled.
+
+S must be recomputed bit for bit as the forward computed it: at large logits (|S| ~ 1e6 in
+float32 an ulp is 0.06) any other rounding of S shifts P = exp(S - lse) by percents. So Q is
+staged pre-multiplied by scale, as in the forward kernels, and summed in the same order;
+dK = dS^T (scale Q) then needs no further scaling, and dQ = (dS K) scale.
 """
 
 import functools
@@ -78,17 +82,17 @@ def _tile_functions(block_m, block_n, head_dim, causal, dtype):
     NT = TY * TX
 
     @cuda.jit(device=True)
-    def stage_rows(src, bh, row0, rows, tile, tid):
-        """tile[r, c] = src[bh, row0 + r, c] for r < rows, zero outside the array / past d."""
+    def stage_rows(src, bh, row0, rows, tile, tid, mult):
+        """tile[r, c] = mult * src[bh, row0 + r, c] for r < rows, zero outside the array / past d."""
         n = src.shape[1]
         for idx in range(tid, rows * D_PAD, NT):
             r = idx // D_PAD
             c = idx % D_PAD
-            tile[r, c] = src[bh, row0 + r, c] if (row0 + r < n and c < D) else T(0.0)
+            tile[r, c] = src[bh, row0 + r, c] * mult if (row0 + r < n and c < D) else T(0.0)
 
     @cuda.jit(device=True)
-    def p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, scale, ty, tx):
-        """This thread's entries of P_ij = exp(scale Q_i K_j^T - lse_i) (0 where masked or
+    def p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, ty, tx):
+        """This thread's entries of P_ij = exp((scale Q_i) K_j^T - lse_i) (0 where masked or
         where the row saw no key) and dS_ij = P_ij (dO_i V_j^T - D_i), into P_t and dS_t."""
         s = cuda.local.array((TM, TN), T)
         dp = cuda.local.array((TM, TN), T)
@@ -113,7 +117,7 @@ def _tile_functions(block_m, block_n, head_dim, causal, dtype):
                 visible = i < nq and j < nk and (not causal or j <= i + offset)
                 p = T(0.0)
                 if visible and lse_i != T(NEG_INF):       # guard: fully masked row
-                    p = math.exp(s[a, b] * scale - lse_i)
+                    p = math.exp(s[a, b] - lse_i)
                 P_t[r, tx + b * TX] = p
                 dS_t[r, tx + b * TX] = p * (dp[a, b] - D_t[r])
 
@@ -171,8 +175,8 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
                 dk_acc[a, c] = T(0.0)
                 dv_acc[a, c] = T(0.0)
 
-        stage_rows(k, kvh, n0, BLOCK_N, K_t, tid)
-        stage_rows(v, kvh, n0, BLOCK_N, V_t, tid)
+        stage_rows(k, kvh, n0, BLOCK_N, K_t, tid, T(1.0))
+        stage_rows(v, kvh, n0, BLOCK_N, V_t, tid, T(1.0))
         # causal: query i sees key j iff i >= j - offset; skip Q blocks that see none of ours
         m_start = 0
         if causal:
@@ -181,16 +185,16 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
         for g in range(group):                         # the query heads sharing this key head
             bh = b * heads + (kvh % (heads // group)) * group + g
             for m0 in range(m_start, nq, BLOCK_M):
-                stage_rows(q, bh, m0, BLOCK_M, Q_t, tid)
-                stage_rows(dout, bh, m0, BLOCK_M, dO_t, tid)
+                stage_rows(q, bh, m0, BLOCK_M, Q_t, tid, scale)
+                stage_rows(dout, bh, m0, BLOCK_M, dO_t, tid, T(1.0))
                 for r in range(tid, BLOCK_M, NT):
                     inside = m0 + r < nq
                     lse_t[r] = lse[bh, m0 + r] if inside else T(NEG_INF)
                     D_t[r] = Dvec[bh, m0 + r] if inside else T(0.0)
                 cuda.syncthreads()
-                p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, scale, ty, tx)
+                p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, ty, tx)
                 cuda.syncthreads()
-                # dV_j += P^T dO_i ; dK_j += dS^T Q_i (contraction over the block's query rows)
+                # dV_j += P^T dO_i ; dK_j += dS^T (scale Q_i) (contraction over the block's rows)
                 for i in range(BLOCK_M):
                     for a in range(TJ):
                         p = P_t[i, ty + a * TY]
@@ -206,7 +210,7 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
                 for c in range(TD):
                     col = tx + c * TX
                     if col < D:
-                        dk[kvh, j, col] = dk_acc[a, c] * scale
+                        dk[kvh, j, col] = dk_acc[a, c]
                         dv[kvh, j, col] = dv_acc[a, c]
 
     return dkdv, (TX, TY)
@@ -246,8 +250,8 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype):
             for c in range(TD):
                 dq_acc[a, c] = T(0.0)
 
-        stage_rows(q, bh, m0, BLOCK_M, Q_t, tid)
-        stage_rows(dout, bh, m0, BLOCK_M, dO_t, tid)
+        stage_rows(q, bh, m0, BLOCK_M, Q_t, tid, scale)
+        stage_rows(dout, bh, m0, BLOCK_M, dO_t, tid, T(1.0))
         for r in range(tid, BLOCK_M, NT):
             inside = m0 + r < nq
             lse_t[r] = lse[bh, m0 + r] if inside else T(NEG_INF)
@@ -256,10 +260,10 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype):
         if causal:                                     # no key past the block's last row
             n_end = min(nk, m0 + BLOCK_M + nk - nq)
         for n0 in range(0, n_end, BLOCK_N):
-            stage_rows(k, kvh, n0, BLOCK_N, K_t, tid)
-            stage_rows(v, kvh, n0, BLOCK_N, V_t, tid)
+            stage_rows(k, kvh, n0, BLOCK_N, K_t, tid, T(1.0))
+            stage_rows(v, kvh, n0, BLOCK_N, V_t, tid, T(1.0))
             cuda.syncthreads()
-            p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, scale, ty, tx)
+            p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, ty, tx)
             cuda.syncthreads()
             # dQ_i += dS K_j (contraction over the block's keys)
             for j in range(BLOCK_N):

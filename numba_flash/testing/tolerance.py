@@ -1,0 +1,112 @@
+"""Tolerance relative to what the precision allows (DESIGN.md).
+
+Truth is computed one precision above the kernel's: float64 for float32 kernels, long double
+(80-bit on x86) for float64 kernels. A kernel passes when its max error against truth is at
+most `multiple` times the error of plain NumPy attention in the kernel's precision on the same
+inputs (2x forward, 3x gradients), plus a rounding floor of FLOOR_ULPS units of roundoff
+times the largest truth value. NaN never passes; the -inf pattern of lse must match exactly.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import reference as ref
+
+FORWARD_MULTIPLE = 2.0
+GRADIENT_MULTIPLE = 3.0
+FLOOR_ULPS = 16
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One output array against truth."""
+    name: str
+    max_err: float
+    mean_err: float
+    allowed: float
+    ok: bool
+    note: str = ""
+
+    def __str__(self):
+        mark = "ok" if self.ok else "FAIL"
+        return (f"{self.name}: max err {self.max_err:.3e} (mean {self.mean_err:.3e}), allowed "
+                f"{self.allowed:.3e} {mark}{' - ' + self.note if self.note else ''}")
+
+
+def truth_dtype(dtype):
+    return np.longdouble if np.dtype(dtype) == np.float64 else np.float64
+
+
+def compare(name, got, truth, same_precision, multiple, dtype):
+    """Compare `got` (kernel) and `same_precision` (NumPy in the kernel's dtype) with truth.
+
+    Entries where truth is -inf (lse of fully masked rows) must be -inf in `got`; the rest
+    are compared by absolute error."""
+    got = np.asarray(got, dtype=np.float64)
+    truth = np.asarray(truth)
+    same = np.asarray(same_precision)
+    if np.isnan(got).any():
+        return Comparison(name, np.nan, np.nan, 0.0, False, f"{int(np.isnan(got).sum())} NaN")
+    masked = np.isneginf(truth)
+    if not np.array_equal(np.isneginf(got), masked):
+        return Comparison(name, np.inf, np.inf, 0.0, False, "-inf pattern differs from truth")
+    fin = ~masked
+    if not np.isfinite(got[fin]).all():
+        return Comparison(name, np.inf, np.inf, 0.0, False, "inf where truth is finite")
+    if not fin.any():
+        return Comparison(name, 0.0, 0.0, 0.0, True)
+    err = np.abs(got[fin] - truth[fin]).astype(np.float64)
+    same_err = np.abs(same[fin].astype(truth.dtype) - truth[fin]).astype(np.float64)
+    scale = max(float(np.abs(truth[fin]).max()), np.finfo(np.float64).tiny)
+    floor = FLOOR_ULPS * float(np.finfo(dtype).eps) * scale
+    allowed = multiple * float(np.nan_to_num(same_err.max(), posinf=0.0)) + floor
+    return Comparison(name, float(err.max()), float(err.mean()), allowed,
+                      bool(err.max() <= allowed))
+
+
+def _expand(q, k, v):
+    """Repeat GQA key heads so the reference sees identical leading dims."""
+    if k.ndim == 4 and k.shape[1] != q.shape[1]:
+        return ref.repeat_kv(k, q.shape[1]), ref.repeat_kv(v, q.shape[1])
+    return k, v
+
+
+def check_forward(q, k, v, out, lse, *, causal=False, scale=None):
+    """[Comparison(out), Comparison(lse)] of a kernel's forward against truth."""
+    q, k, v = (np.asarray(a) for a in (q, k, v))
+    dtype = q.dtype
+    k, v = _expand(q, k, v)
+    hi = truth_dtype(dtype)
+    t_out, t_lse = ref.attention_forward(q.astype(hi), k.astype(hi), v.astype(hi),
+                                         causal=causal, scale=scale)
+    with np.errstate(over="ignore"):
+        p_out, p_lse = ref.attention_forward(q, k, v, causal=causal, scale=scale)
+    return [compare("out", out, t_out, p_out, FORWARD_MULTIPLE, dtype),
+            compare("lse", lse, t_lse, p_lse, FORWARD_MULTIPLE, dtype)]
+
+
+def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None):
+    """[Comparison(dq), Comparison(dk), Comparison(dv)] against truth; under GQA the truth
+    of dk and dv sums over the query heads that share a key head."""
+    dout, q, k, v = (np.asarray(a) for a in (dout, q, k, v))
+    dtype = q.dtype
+    kv_heads = k.shape[1] if k.ndim == 4 else None
+    k, v = _expand(q, k, v)
+    hi = truth_dtype(dtype)
+    truth = ref.attention_backward(dout.astype(hi), q.astype(hi), k.astype(hi), v.astype(hi),
+                                   causal=causal, scale=scale)
+    with np.errstate(over="ignore", invalid="ignore"):
+        same = ref.attention_backward(dout, q, k, v, causal=causal, scale=scale)
+    if kv_heads is not None and kv_heads != q.shape[1]:
+        truth = (truth[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in truth[1:])
+        same = (same[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in same[1:])
+    return [compare(name, got, t, s, GRADIENT_MULTIPLE, dtype)
+            for name, got, t, s in zip(("dq", "dk", "dv"), (dq, dk, dv), truth, same)]
+
+
+def assert_within_tolerance(comparisons, problem=""):
+    """AssertionError listing every comparison when any fails."""
+    if not all(c.ok for c in comparisons):
+        raise AssertionError(f"kernel outside tolerance for {problem}:\n  "
+                             + "\n  ".join(str(c) for c in comparisons))
