@@ -1,0 +1,37 @@
+"""Every registered kernel at a few odd shapes, for compute-sanitizer (not a pytest module):
+
+    compute-sanitizer --tool memcheck --error-exitcode 1 python tests/sanitize.py
+    compute-sanitizer --tool racecheck --error-exitcode 1 python tests/sanitize.py
+
+Exits non-zero if any result is outside tolerance, so the sanitizer run checks answers too.
+"""
+
+import sys
+
+import numpy as np
+
+from numba_flash import flash_attention_backward, flash_attention_forward
+from numba_flash.kernels import FORWARD
+from numba_flash.testing import Case, check_backward, check_forward
+
+CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True), Case("masked", 1, 1, 1, 70, 20, 17, causal=True),
+         Case("one row", 1, 1, 1, 1, 33, 128))
+
+
+def main():
+    bad = 0
+    for case in CASES:
+        for dtype in (np.float32, np.float64):
+            q, k, v, dout = case.inputs(dtype)
+            for name in sorted(FORWARD):
+                out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel=name)
+                bad += sum(not c.ok for c in check_forward(q, k, v, out, lse, causal=case.causal))
+            grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal)
+            bad += sum(not c.ok for c in check_backward(dout, q, k, v, *grads, causal=case.causal))
+            print(f"{case} {np.dtype(dtype).name}: done", flush=True)
+    print(f"sanitize: {bad} comparisons outside tolerance")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

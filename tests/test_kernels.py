@@ -1,0 +1,153 @@
+"""Every registered kernel against truth (tolerance helper), on the simulator and on the GPU."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from numba_flash import flash_attention_backward, flash_attention_forward
+from numba_flash.kernels import BACKWARD, FORWARD
+from numba_flash.testing import (GPU_CASES, SIMULATOR_CASES, Case, assert_within_tolerance,
+                                 check_backward, check_forward)
+
+
+def run_case(case, dtype, forward, backward=None, **blocks):
+    q, k, v, dout = case.inputs(dtype)
+    out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel=forward, **blocks)
+    assert out.shape == q.shape and lse.shape == q.shape[:-1]
+    assert out.dtype == dtype and lse.dtype == dtype
+    assert_within_tolerance(check_forward(q, k, v, out, lse, causal=case.causal), f"{forward} {case}")
+    if backward:
+        grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
+                                         kernel=backward, **blocks)
+        assert [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+        assert_within_tolerance(check_backward(dout, q, k, v, *grads, causal=case.causal),
+                                f"backward {backward} {case}")
+
+
+@pytest.mark.parametrize("case", SIMULATOR_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("forward", sorted(FORWARD))
+def test_forward_float32(case, forward):
+    run_case(case, np.float32, forward)
+
+
+@pytest.mark.parametrize("case", SIMULATOR_CASES, ids=lambda c: c.name)
+@pytest.mark.parametrize("backward", sorted(BACKWARD))
+def test_backward_float32(case, backward):
+    run_case(case, np.float32, "tiled", backward)
+
+
+@pytest.mark.parametrize("case", [c for c in SIMULATOR_CASES
+                                  if c.name in ("GQA", "logits x1e3", "fully masked rows")],
+                         ids=lambda c: c.name)
+def test_float64(case):
+    for forward in sorted(FORWARD):
+        run_case(case, np.float64, forward, "tiled")
+
+
+@given(st.integers(1, 2), st.sampled_from([(1, 1), (2, 2), (4, 2), (3, 1)]), st.integers(1, 40),
+       st.integers(1, 40), st.integers(1, 20), st.booleans(),
+       st.sampled_from([(8, 16), (16, 16), (32, 32), (8, 32)]), st.integers(0, 2**31))
+@settings(max_examples=12, deadline=None, derandomize=True)
+def test_random_problems_and_tiles(b, heads, nq, nk, d, causal, blocks, seed):
+    case = Case("hypothesis", b, heads[0], heads[1], nq, nk, d, causal)
+    q, k, v, dout = case.inputs(np.float32, seed)
+    for forward in sorted(FORWARD):
+        out, lse = flash_attention_forward(q, k, v, causal=causal, kernel=forward,
+                                           block_m=blocks[0], block_n=blocks[1])
+        assert_within_tolerance(check_forward(q, k, v, out, lse, causal=causal), str(case))
+    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                     block_m=blocks[0], block_n=blocks[1])
+    assert_within_tolerance(check_backward(dout, q, k, v, *grads, causal=causal), str(case))
+
+
+def test_float64_kernels_match_finite_differences():
+    case = Case("fd", 1, 2, 1, 6, 9, 3, causal=True)
+    q, k, v, w = case.inputs(np.float64, 3)
+    loss = lambda q, k, v: float((flash_attention_forward(q, k, v, causal=True)[0] * w).sum())
+    out, lse = flash_attention_forward(q, k, v, causal=True)
+    grads = flash_attention_backward(w, q, k, v, out, lse, causal=True)
+    eps = 1e-6
+    for x, g in zip((q, k, v), grads):
+        for idx in [(0, 0, 0, 0), (0, x.shape[1] - 1, x.shape[2] - 1, 2), (0, 0, 4, 1)]:
+            old = x[idx]
+            x[idx] = old + eps
+            up = loss(q, k, v)
+            x[idx] = old - eps
+            down = loss(q, k, v)
+            x[idx] = old
+            assert abs(g[idx] - (up - down) / (2 * eps)) < 1e-7, (idx, g[idx])
+
+
+def test_fully_masked_rows_give_zero_and_neg_inf():
+    q, k, v, dout = Case("masked", 1, 1, 1, 12, 4, 5, causal=True).inputs(np.float32)
+    for forward in sorted(FORWARD):
+        out, lse = flash_attention_forward(q, k, v, causal=True, kernel=forward)
+        assert np.all(out[..., :8, :] == 0) and np.all(np.isneginf(lse[..., :8]))
+        assert np.isfinite(lse[..., 8:]).all()
+    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=True)
+    assert all(np.isfinite(g).all() for g in grads)
+    assert np.all(grads[0][..., :8, :] == 0)
+
+
+def test_inputs_are_not_modified_and_device_arrays_round_trip():
+    from numba import cuda
+    q, k, v, dout = Case("io", 1, 2, 2, 9, 11, 4).inputs(np.float32)
+    copies = [x.copy() for x in (q, k, v, dout)]
+    out, lse = flash_attention_forward(q, k, v)
+    grads = flash_attention_backward(dout, q, k, v, out, lse)
+    for x, c in zip((q, k, v, dout), copies):
+        np.testing.assert_array_equal(x, c)
+    d_out, d_lse = flash_attention_forward(*(cuda.to_device(x) for x in (q, k, v)))
+    assert not isinstance(d_out, np.ndarray) and hasattr(d_out, "copy_to_host")
+    np.testing.assert_array_equal(d_out.copy_to_host(), out)
+    d_grads = flash_attention_backward(*(cuda.to_device(x) for x in (dout, q, k, v)), d_out, d_lse)
+    for g, dg in zip(grads, d_grads):
+        np.testing.assert_array_equal(dg.copy_to_host(), g)
+
+
+def test_tile_size_does_not_change_the_answer():
+    q, k, v, dout = Case("tiles", 1, 1, 1, 37, 29, 12, causal=True).inputs(np.float64)
+    results = [flash_attention_forward(q, k, v, causal=True, block_m=bm, block_n=bn)
+               for bm, bn in ((8, 16), (16, 16), (32, 64))]
+    for out, lse in results[1:]:
+        np.testing.assert_allclose(out, results[0][0], rtol=0, atol=1e-14)
+        np.testing.assert_allclose(lse, results[0][1], rtol=0, atol=1e-14)
+
+
+# --- real sizes, on the GPU ----------------------------------------------------------------
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.name)
+def test_gpu_cases(case, dtype):
+    for forward in sorted(FORWARD):
+        run_case(case, dtype, forward, "tiled" if forward == "tiled" else None)
+
+
+@pytest.mark.gpu
+def test_gpu_backward_is_deterministic():
+    q, k, v, dout = Case("det", 2, 4, 2, 300, 333, 64, causal=True).inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=True)
+    first = flash_attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+    for _ in range(19):
+        again = flash_attention_backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        for a, b in zip(first, again):
+            assert np.array_equal(a, b)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("lib", ["cupy", "torch"])
+def test_gpu_array_kinds_stay_on_device(lib):
+    mod = pytest.importorskip(lib)
+    q, k, v, dout = Case("kinds", 1, 2, 1, 65, 70, 32, causal=True).inputs(np.float32)
+    host_out, host_lse = flash_attention_forward(q, k, v, causal=True)
+    host_grads = flash_attention_backward(dout, q, k, v, host_out, host_lse, causal=True)
+    dev = [mod.asarray(x) if lib == "cupy" else mod.from_numpy(x).cuda() for x in (q, k, v, dout)]
+    out, lse = flash_attention_forward(*dev[:3], causal=True)
+    grads = flash_attention_backward(dev[3], *dev[:3], out, lse, causal=True)
+    to_host = (lambda x: x.get()) if lib == "cupy" else (lambda x: x.cpu().numpy())
+    assert type(out) is type(dev[0]) and all(type(g) is type(dev[0]) for g in grads)
+    np.testing.assert_array_equal(to_host(out), host_out)
+    for g, h in zip(grads, host_grads):
+        np.testing.assert_array_equal(to_host(g), h)
