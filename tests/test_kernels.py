@@ -7,7 +7,7 @@ from hypothesis import strategies as st
 
 from numba_flash import flash_attention_backward, flash_attention_forward
 from numba_flash.kernels import BACKWARD, FORWARD
-from numba_flash.testing import (GPU_CASES, SIMULATOR_CASES, Case, assert_within_tolerance,
+from numba_flash.testing import (SIMULATOR_CASES, Case, assert_within_tolerance,
                                  check_backward, check_forward)
 
 
@@ -116,14 +116,6 @@ def test_tile_size_does_not_change_the_answer():
 
 
 # --- real sizes, on the GPU ----------------------------------------------------------------
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("case", GPU_CASES, ids=lambda c: c.name)
-def test_gpu_cases(case, dtype):
-    for forward in sorted(FORWARD):
-        run_case(case, dtype, forward, "tiled" if forward == "tiled" else None)
-
 
 @pytest.mark.gpu
 def test_gpu_backward_is_deterministic():
