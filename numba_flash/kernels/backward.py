@@ -147,6 +147,7 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
     stage_rows, p_and_ds = _tile_functions(block_m, block_n, head_dim, causal, dtype)
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
     D_PAD = ceil_div(D, TX) * TX
+    D_ROW, S_ROW = D_PAD + 1, BLOCK_N + 1   # padded row lengths (shapes must be constants)
     TD, TJ = D_PAD // TX, BLOCK_N // TY            # this thread's columns of d, rows of K/V
     NT = TY * TX
 
@@ -160,12 +161,12 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
         nq, nk = q.shape[1], k.shape[1]
         offset = nk - nq
 
-        Q_t = cuda.shared.array((BLOCK_M, D_PAD + 1), T)
-        dO_t = cuda.shared.array((BLOCK_M, D_PAD + 1), T)
-        K_t = cuda.shared.array((BLOCK_N, D_PAD + 1), T)
-        V_t = cuda.shared.array((BLOCK_N, D_PAD + 1), T)
-        P_t = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
-        dS_t = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
+        Q_t = cuda.shared.array((BLOCK_M, D_ROW), T)
+        dO_t = cuda.shared.array((BLOCK_M, D_ROW), T)
+        K_t = cuda.shared.array((BLOCK_N, D_ROW), T)
+        V_t = cuda.shared.array((BLOCK_N, D_ROW), T)
+        P_t = cuda.shared.array((BLOCK_M, S_ROW), T)
+        dS_t = cuda.shared.array((BLOCK_M, S_ROW), T)
         lse_t = cuda.shared.array(BLOCK_M, T)
         D_t = cuda.shared.array(BLOCK_M, T)
         dk_acc = cuda.local.array((TJ, TD), T)
@@ -224,6 +225,7 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype):
     stage_rows, p_and_ds = _tile_functions(block_m, block_n, head_dim, causal, dtype)
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
     D_PAD = ceil_div(D, TX) * TX
+    D_ROW, S_ROW = D_PAD + 1, BLOCK_N + 1   # padded row lengths (shapes must be constants)
     TD, TM = D_PAD // TX, BLOCK_M // TY
     NT = TY * TX
 
@@ -237,12 +239,12 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype):
         m0 = cuda.blockIdx.x * BLOCK_M
         nq, nk = q.shape[1], k.shape[1]
 
-        Q_t = cuda.shared.array((BLOCK_M, D_PAD + 1), T)
-        dO_t = cuda.shared.array((BLOCK_M, D_PAD + 1), T)
-        K_t = cuda.shared.array((BLOCK_N, D_PAD + 1), T)
-        V_t = cuda.shared.array((BLOCK_N, D_PAD + 1), T)
-        P_t = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
-        dS_t = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
+        Q_t = cuda.shared.array((BLOCK_M, D_ROW), T)
+        dO_t = cuda.shared.array((BLOCK_M, D_ROW), T)
+        K_t = cuda.shared.array((BLOCK_N, D_ROW), T)
+        V_t = cuda.shared.array((BLOCK_N, D_ROW), T)
+        P_t = cuda.shared.array((BLOCK_M, S_ROW), T)
+        dS_t = cuda.shared.array((BLOCK_M, S_ROW), T)
         lse_t = cuda.shared.array(BLOCK_M, T)
         D_t = cuda.shared.array(BLOCK_M, T)
         dq_acc = cuda.local.array((TM, TD), T)

@@ -66,6 +66,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
     TM, TN = BLOCK_M // TY, BLOCK_N // TX
     D_PAD = ceil_div(D, TX) * TX                       # head dim padded with zeros to TX*TD
+    D_ROW, S_ROW = D_PAD + 1, BLOCK_N + 1   # padded row lengths (shapes must be constants)
     TD = D_PAD // TX
     NT = TY * TX
     KV_SIZE = max(D_PAD * (BLOCK_N + 1), BLOCK_N * D_PAD)
@@ -81,9 +82,9 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
         nq, nk = q.shape[1], k.shape[1]
         offset = nk - nq                               # causal: key j visible iff j <= i + offset
 
-        Q_tile = cuda.shared.array((BLOCK_M, D_PAD + 1), T)   # +1: rows in different banks
+        Q_tile = cuda.shared.array((BLOCK_M, D_ROW), T)   # +1: rows in different banks
         KV_tile = cuda.shared.array(KV_SIZE, T)               # K^T [c, j] then V [j, c]
-        S_tile = cuda.shared.array((BLOCK_M, BLOCK_N + 1), T)
+        S_tile = cuda.shared.array((BLOCK_M, S_ROW), T)
         m_row = cuda.shared.array(BLOCK_M, T)
         l_row = cuda.shared.array(BLOCK_M, T)
         alpha_row = cuda.shared.array(BLOCK_M, T)
