@@ -48,8 +48,12 @@ class _DeviceMemory:
     held so that every allocation made inside the call is still counted at its end."""
 
     def __enter__(self):
+        import gc
         from numba import cuda
         self.ctx = cuda.current_context()
+        gc.collect()
+        _sync()
+        self.ctx.deallocations.clear()             # frees still pending from earlier calls
         self.defer = self.ctx.deallocations.disable()
         self.defer.__enter__()
         _sync()

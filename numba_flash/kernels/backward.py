@@ -22,7 +22,7 @@ import math
 
 from numba import cuda
 
-from .common import (NEG_INF, ceil_div, check_block, check_head_dim, check_shared_memory,
+from .common import (NEG_INF, U, ceil_div, check_block, check_head_dim, check_shared_memory,
                      kv_head, numba_type)
 
 THREADS_X = 16
@@ -73,22 +73,25 @@ def make_preprocess_kernel(head_dim, dtype):
 
 @functools.lru_cache(maxsize=None)
 def _tile_functions(block_m, block_n, head_dim, causal, dtype):
-    """Device functions shared by the dkdv and dq kernels (same constants, same math)."""
+    """Device functions shared by the dkdv and dq kernels (same constants, same math).
+    Every index is unsigned (common.U says why)."""
     T = numba_type(dtype)
     TY, TX = thread_shape(block_m, block_n)
-    BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
+    D = head_dim
     D_PAD = ceil_div(D, TX) * TX
-    TM, TN = BLOCK_M // TY, BLOCK_N // TX
-    NT = TY * TX
+    TM, TN = block_m // TY, block_n // TX
+    uD, uDP, uNT, uTX, uTY = U(D), U(D_PAD), U(TY * TX), U(TX), U(TY)
 
     @cuda.jit(device=True)
     def stage_rows(src, bh, row0, rows, tile, tid, mult):
         """tile[r, c] = mult * src[bh, row0 + r, c] for r < rows, zero outside the array / past d."""
-        n = src.shape[1]
-        for idx in range(tid, rows * D_PAD, NT):
-            r = idx // D_PAD
-            c = idx % D_PAD
-            tile[r, c] = src[bh, row0 + r, c] * mult if (row0 + r < n and c < D) else T(0.0)
+        n = U(src.shape[1])
+        idx = tid
+        while idx < rows * uDP:
+            r = idx // uDP
+            c = idx % uDP
+            tile[r, c] = src[bh, row0 + r, c] * mult if (row0 + r < n and c < uD) else T(0.0)
+            idx += uNT
 
     @cuda.jit(device=True)
     def p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, ty, tx):
@@ -100,26 +103,28 @@ def _tile_functions(block_m, block_n, head_dim, causal, dtype):
             for b in range(TN):
                 s[a, b] = T(0.0)
                 dp[a, b] = T(0.0)
-        for c in range(D_PAD):
+        c = U(0)
+        while c < uDP:
             for a in range(TM):
-                q_ac = Q_t[ty + a * TY, c]
-                do_ac = dO_t[ty + a * TY, c]
+                q_ac = Q_t[ty + U(a) * uTY, c]
+                do_ac = dO_t[ty + U(a) * uTY, c]
                 for b in range(TN):
-                    s[a, b] += q_ac * K_t[tx + b * TX, c]
-                    dp[a, b] += do_ac * V_t[tx + b * TX, c]
-        offset = nk - nq
+                    s[a, b] += q_ac * K_t[tx + U(b) * uTX, c]
+                    dp[a, b] += do_ac * V_t[tx + U(b) * uTX, c]
+            c += U(1)
         for a in range(TM):
-            r = ty + a * TY
+            r = ty + U(a) * uTY
             i = m0 + r
             lse_i = lse_t[r]
             for b in range(TN):
-                j = n0 + tx + b * TX
-                visible = i < nq and j < nk and (not causal or j <= i + offset)
+                j = n0 + tx + U(b) * uTX
+                # causal: j <= i + nk - nq, written without a signed difference
+                visible = i < nq and j < nk and (not causal or j + nq <= i + nk)
                 p = T(0.0)
                 if visible and lse_i != T(NEG_INF):       # guard: fully masked row
                     p = math.exp(s[a, b] - lse_i)
-                P_t[r, tx + b * TX] = p
-                dS_t[r, tx + b * TX] = p * (dp[a, b] - D_t[r])
+                P_t[r, tx + U(b) * uTX] = p
+                dS_t[r, tx + U(b) * uTX] = p * (dp[a, b] - D_t[r])
 
     return stage_rows, p_and_ds
 
@@ -149,17 +154,16 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
     D_PAD = ceil_div(D, TX) * TX
     D_ROW, S_ROW = D_PAD + 1, BLOCK_N + 1   # padded row lengths (shapes must be constants)
     TD, TJ = D_PAD // TX, BLOCK_N // TY            # this thread's columns of d, rows of K/V
-    NT = TY * TX
+    uBM, uBN, uD, uNT, uTX, uTY = (U(x) for x in (BLOCK_M, BLOCK_N, D, TY * TX, TX, TY))
 
     @cuda.jit
     def dkdv(q, k, v, dout, lse, Dvec, dk, dv, scale, heads, group):
-        kvh = cuda.blockIdx.y                          # index into B*Hk
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * TX + tx
-        n0 = cuda.blockIdx.x * BLOCK_N
-        nq, nk = q.shape[1], k.shape[1]
-        offset = nk - nq
+        kvh = U(cuda.blockIdx.y)                       # index into B*Hk
+        tx = U(cuda.threadIdx.x)
+        ty = U(cuda.threadIdx.y)
+        tid = ty * uTX + tx
+        n0 = U(cuda.blockIdx.x) * uBN
+        nq, nk = U(q.shape[1]), U(k.shape[1])
 
         Q_t = cuda.shared.array((BLOCK_M, D_ROW), T)
         dO_t = cuda.shared.array((BLOCK_M, D_ROW), T)
@@ -176,41 +180,48 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
                 dk_acc[a, c] = T(0.0)
                 dv_acc[a, c] = T(0.0)
 
-        stage_rows(k, kvh, n0, BLOCK_N, K_t, tid, T(1.0))
-        stage_rows(v, kvh, n0, BLOCK_N, V_t, tid, T(1.0))
-        # causal: query i sees key j iff i >= j - offset; skip Q blocks that see none of ours
-        m_start = 0
-        if causal:
-            m_start = max(0, n0 - offset) // BLOCK_M * BLOCK_M
-        b = kvh // (heads // group)
+        stage_rows(k, kvh, n0, uBN, K_t, tid, T(1.0))
+        stage_rows(v, kvh, n0, uBN, V_t, tid, T(1.0))
+        # causal: query i sees key j iff i >= j - (nk - nq); skip Q blocks that see none of ours
+        m_start = U(0)
+        if causal and n0 + nq > nk:
+            m_start = (n0 + nq - nk) // uBM * uBM
+        kv_heads = heads // group
+        b = U(cuda.blockIdx.y // kv_heads)
         for g in range(group):                         # the query heads sharing this key head
-            bh = b * heads + (kvh % (heads // group)) * group + g
-            for m0 in range(m_start, nq, BLOCK_M):
-                stage_rows(q, bh, m0, BLOCK_M, Q_t, tid, scale)
-                stage_rows(dout, bh, m0, BLOCK_M, dO_t, tid, T(1.0))
-                for r in range(tid, BLOCK_M, NT):
+            bh = b * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            m0 = m_start
+            while m0 < nq:
+                stage_rows(q, bh, m0, uBM, Q_t, tid, scale)
+                stage_rows(dout, bh, m0, uBM, dO_t, tid, T(1.0))
+                r = tid
+                while r < uBM:
                     inside = m0 + r < nq
                     lse_t[r] = lse[bh, m0 + r] if inside else T(NEG_INF)
                     D_t[r] = Dvec[bh, m0 + r] if inside else T(0.0)
+                    r += uNT
                 cuda.syncthreads()
                 p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, ty, tx)
                 cuda.syncthreads()
                 # dV_j += P^T dO_i ; dK_j += dS^T (scale Q_i) (contraction over the block's rows)
-                for i in range(BLOCK_M):
+                i = U(0)
+                while i < uBM:
                     for a in range(TJ):
-                        p = P_t[i, ty + a * TY]
-                        ds = dS_t[i, ty + a * TY]
+                        p = P_t[i, ty + U(a) * uTY]
+                        ds = dS_t[i, ty + U(a) * uTY]
                         for c in range(TD):
-                            dv_acc[a, c] += p * dO_t[i, tx + c * TX]
-                            dk_acc[a, c] += ds * Q_t[i, tx + c * TX]
+                            dv_acc[a, c] += p * dO_t[i, tx + U(c) * uTX]
+                            dk_acc[a, c] += ds * Q_t[i, tx + U(c) * uTX]
+                    i += U(1)
                 cuda.syncthreads()
+                m0 += uBM
 
         for a in range(TJ):
-            j = n0 + ty + a * TY
+            j = n0 + ty + U(a) * uTY
             if j < nk:
                 for c in range(TD):
-                    col = tx + c * TX
-                    if col < D:
+                    col = tx + U(c) * uTX
+                    if col < uD:
                         dk[kvh, j, col] = dk_acc[a, c]
                         dv[kvh, j, col] = dv_acc[a, c]
 
@@ -227,17 +238,17 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype):
     D_PAD = ceil_div(D, TX) * TX
     D_ROW, S_ROW = D_PAD + 1, BLOCK_N + 1   # padded row lengths (shapes must be constants)
     TD, TM = D_PAD // TX, BLOCK_M // TY
-    NT = TY * TX
+    uBM, uBN, uD, uNT, uTX, uTY = (U(x) for x in (BLOCK_M, BLOCK_N, D, TY * TX, TX, TY))
 
     @cuda.jit
     def dq_kernel(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
-        bh = cuda.blockIdx.y
-        kvh = kv_head(bh, heads, group)
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * TX + tx
-        m0 = cuda.blockIdx.x * BLOCK_M
-        nq, nk = q.shape[1], k.shape[1]
+        bh = U(cuda.blockIdx.y)
+        kvh = U(kv_head(cuda.blockIdx.y, heads, group))
+        tx = U(cuda.threadIdx.x)
+        ty = U(cuda.threadIdx.y)
+        tid = ty * uTX + tx
+        m0 = U(cuda.blockIdx.x) * uBM
+        nq, nk = U(q.shape[1]), U(k.shape[1])
 
         Q_t = cuda.shared.array((BLOCK_M, D_ROW), T)
         dO_t = cuda.shared.array((BLOCK_M, D_ROW), T)
@@ -252,35 +263,42 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype):
             for c in range(TD):
                 dq_acc[a, c] = T(0.0)
 
-        stage_rows(q, bh, m0, BLOCK_M, Q_t, tid, scale)
-        stage_rows(dout, bh, m0, BLOCK_M, dO_t, tid, T(1.0))
-        for r in range(tid, BLOCK_M, NT):
+        stage_rows(q, bh, m0, uBM, Q_t, tid, scale)
+        stage_rows(dout, bh, m0, uBM, dO_t, tid, T(1.0))
+        r = tid
+        while r < uBM:
             inside = m0 + r < nq
             lse_t[r] = lse[bh, m0 + r] if inside else T(NEG_INF)
             D_t[r] = Dvec[bh, m0 + r] if inside else T(0.0)
+            r += uNT
         n_end = nk
         if causal:                                     # no key past the block's last row
-            n_end = min(nk, m0 + BLOCK_M + nk - nq)
-        for n0 in range(0, n_end, BLOCK_N):
-            stage_rows(k, kvh, n0, BLOCK_N, K_t, tid, T(1.0))
-            stage_rows(v, kvh, n0, BLOCK_N, V_t, tid, T(1.0))
+            last = m0 + uBM + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        while n0 < n_end:
+            stage_rows(k, kvh, n0, uBN, K_t, tid, T(1.0))
+            stage_rows(v, kvh, n0, uBN, V_t, tid, T(1.0))
             cuda.syncthreads()
             p_and_ds(Q_t, dO_t, K_t, V_t, lse_t, D_t, P_t, dS_t, m0, n0, nq, nk, ty, tx)
             cuda.syncthreads()
             # dQ_i += dS K_j (contraction over the block's keys)
-            for j in range(BLOCK_N):
+            j = U(0)
+            while j < uBN:
                 for a in range(TM):
-                    ds = dS_t[ty + a * TY, j]
+                    ds = dS_t[ty + U(a) * uTY, j]
                     for c in range(TD):
-                        dq_acc[a, c] += ds * K_t[j, tx + c * TX]
+                        dq_acc[a, c] += ds * K_t[j, tx + U(c) * uTX]
+                j += U(1)
             cuda.syncthreads()
+            n0 += uBN
 
         for a in range(TM):
-            i = m0 + ty + a * TY
+            i = m0 + ty + U(a) * uTY
             if i < nq:
                 for c in range(TD):
-                    col = tx + c * TX
-                    if col < D:
+                    col = tx + U(c) * uTX
+                    if col < uD:
                         dq[bh, i, col] = dq_acc[a, c] * scale
 
     return dq_kernel, (TX, TY)

@@ -51,3 +51,13 @@ def kv_head(bh, heads, group):
 
 
 NEG_INF = -math.inf
+
+# Unsigned indexing. Numba wraps every array access whose index is a signed integer in a
+# negative-index check (i < 0 ? i + size : i); and its `for ... in range()` loops keep an
+# iterator state that survives unrolling. In a tile loop that is ~6 integer instructions per
+# shared-memory load, which made the tiled forward slower than the row-per-thread one (PTX
+# read on 2026-11-29). The fast kernels therefore index with unsigned integers (U(x), and
+# factory constants made U) and write their long loops as `while` loops; numba keeps
+# unsigned + unsigned unsigned, but unsigned + signed becomes signed (or float64 for 64-bit),
+# so every operand of an index expression must be unsigned.
+U = np.uint32

@@ -19,7 +19,7 @@ import math
 
 from numba import cuda
 
-from .common import (NEG_INF, ceil_div, check_block, check_head_dim, check_shared_memory,
+from .common import (NEG_INF, U, ceil_div, check_block, check_head_dim, check_shared_memory,
                      kv_head, numba_type)
 
 THREADS_X = 16   # TX: threads along the key / head-dim axis
@@ -66,24 +66,26 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
     TM, TN = BLOCK_M // TY, BLOCK_N // TX
     D_PAD = ceil_div(D, TX) * TX                       # head dim padded with zeros to TX*TD
-    D_ROW, S_ROW = D_PAD + 1, BLOCK_N + 1   # padded row lengths (shapes must be constants)
     TD = D_PAD // TX
-    NT = TY * TX
-    KV_SIZE = max(D_PAD * (BLOCK_N + 1), BLOCK_N * D_PAD)
+    D_ROW, S_ROW = D_PAD + 1, BLOCK_N + 1              # padded rows: no bank conflicts
+    KV_SIZE = max(D_PAD * S_ROW, BLOCK_N * D_PAD)
+    # unsigned copies for every index expression (common.U says why)
+    uBM, uBN, uD, uDP, uNT, uTX, uTY, uSR = (U(x) for x in (BLOCK_M, BLOCK_N, D, D_PAD,
+                                                           TY * TX, TX, TY, S_ROW))
 
     @cuda.jit
     def forward_tiled(q, k, v, out, lse, scale, heads, group):
-        bh = cuda.blockIdx.y
-        kv = kv_head(bh, heads, group)
-        tx = cuda.threadIdx.x
-        ty = cuda.threadIdx.y
-        tid = ty * TX + tx
-        m0 = cuda.blockIdx.x * BLOCK_M
-        nq, nk = q.shape[1], k.shape[1]
-        offset = nk - nq                               # causal: key j visible iff j <= i + offset
+        bh = U(cuda.blockIdx.y)
+        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        tx = U(cuda.threadIdx.x)
+        ty = U(cuda.threadIdx.y)
+        tid = ty * uTX + tx
+        m0 = U(cuda.blockIdx.x) * uBM
+        nq, nk = U(q.shape[1]), U(k.shape[1])
+        # causal: key j visible to query i iff j <= i + nk - nq, i.e. j + nq <= i + nk
 
-        Q_tile = cuda.shared.array((BLOCK_M, D_ROW), T)   # +1: rows in different banks
-        KV_tile = cuda.shared.array(KV_SIZE, T)               # K^T [c, j] then V [j, c]
+        Q_tile = cuda.shared.array((BLOCK_M, D_ROW), T)
+        KV_tile = cuda.shared.array(KV_SIZE, T)        # K^T [c * S_ROW + j], then V [j * D_PAD + c]
         S_tile = cuda.shared.array((BLOCK_M, S_ROW), T)
         m_row = cuda.shared.array(BLOCK_M, T)
         l_row = cuda.shared.array(BLOCK_M, T)
@@ -92,14 +94,18 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
         o = cuda.local.array((TM, TD), T)
 
         # Q tile, pre-multiplied by scale, zero outside the problem
-        for idx in range(tid, BLOCK_M * D_PAD, NT):
-            r = idx // D_PAD
-            c = idx % D_PAD
-            inside = m0 + r < nq and c < D
+        idx = tid
+        while idx < uBM * uDP:
+            r = idx // uDP
+            c = idx % uDP
+            inside = m0 + r < nq and c < uD
             Q_tile[r, c] = q[bh, m0 + r, c] * T(scale) if inside else T(0.0)
-        for r in range(tid, BLOCK_M, NT):
+            idx += uNT
+        r = tid
+        while r < uBM:
             m_row[r] = T(NEG_INF)
             l_row[r] = T(0.0)
+            r += uNT
         for a in range(TM):
             for c in range(TD):
                 o[a, c] = T(0.0)
@@ -107,87 +113,106 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
 
         n_end = nk
         if causal:                                     # no key past the block's last row
-            n_end = min(nk, m0 + BLOCK_M + offset)
-        for n0 in range(0, n_end, BLOCK_N):
-            # stage K^T: KV_tile[c * (BLOCK_N + 1) + j] = k[n0 + j, c]
-            for idx in range(tid, BLOCK_N * D_PAD, NT):
-                j = idx // D_PAD
-                c = idx % D_PAD
-                inside = n0 + j < nk and c < D
-                KV_tile[c * (BLOCK_N + 1) + j] = k[kv, n0 + j, c] if inside else T(0.0)
+            last = m0 + uBM + nk                       # keys j < last - nq are visible to some row
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        while n0 < n_end:
+            # stage K^T
+            idx = tid
+            while idx < uBN * uDP:
+                j = idx // uDP
+                c = idx % uDP
+                inside = n0 + j < nk and c < uD
+                KV_tile[c * uSR + j] = k[kv, n0 + j, c] if inside else T(0.0)
+                idx += uNT
             cuda.syncthreads()
 
             # phase 1: this thread's TM x TN scores
             for a in range(TM):
                 for b in range(TN):
                     s[a, b] = T(0.0)
-            for c in range(D_PAD):
+            c = U(0)
+            while c < uDP:
                 for a in range(TM):
-                    q_ac = Q_tile[ty + a * TY, c]
+                    q_ac = Q_tile[ty + U(a) * uTY, c]
                     for b in range(TN):
-                        s[a, b] += q_ac * KV_tile[c * (BLOCK_N + 1) + tx + b * TX]
+                        s[a, b] += q_ac * KV_tile[c * uSR + tx + U(b) * uTX]
+                c += U(1)
             for a in range(TM):
-                i = m0 + ty + a * TY
+                r = ty + U(a) * uTY
                 for b in range(TN):
-                    j = n0 + tx + b * TX
-                    if j >= nk or (causal and j > i + offset):
+                    j = n0 + tx + U(b) * uTX
+                    if j >= nk or (causal and j + nq > m0 + r + nk):
                         s[a, b] = T(NEG_INF)
-                    S_tile[ty + a * TY, tx + b * TX] = s[a, b]
+                    S_tile[r, tx + U(b) * uTX] = s[a, b]
             cuda.syncthreads()
 
             # phase 2: row statistics (one thread per row); the others stage V over K^T
-            for r in range(tid, BLOCK_M, NT):
+            r = tid
+            while r < uBM:
                 m_old = m_row[r]
                 m_new = m_old
-                for j in range(BLOCK_N):
+                j = U(0)
+                while j < uBN:
                     m_new = max(m_new, S_tile[r, j])
+                    j += U(1)
                 # guard: while a row has seen no visible key, m stays -inf and alpha is moot
                 alpha_row[r] = math.exp(m_old - m_new) if m_new != T(NEG_INF) else T(0.0)
                 m_row[r] = m_new
-            for idx in range(tid, BLOCK_N * D_PAD, NT):
-                j = idx // D_PAD
-                c = idx % D_PAD
-                inside = n0 + j < nk and c < D
-                KV_tile[j * D_PAD + c] = v[kv, n0 + j, c] if inside else T(0.0)
+                r += uNT
+            idx = tid
+            while idx < uBN * uDP:
+                j = idx // uDP
+                c = idx % uDP
+                inside = n0 + j < nk and c < uD
+                KV_tile[j * uDP + c] = v[kv, n0 + j, c] if inside else T(0.0)
+                idx += uNT
             cuda.syncthreads()
 
             # phase 3: P = exp(S - m_new) from registers; rescale O by alpha
             for a in range(TM):
-                r = ty + a * TY
+                r = ty + U(a) * uTY
                 m_new = m_row[r]
                 m_safe = m_new if m_new != T(NEG_INF) else T(0.0)
                 for b in range(TN):
-                    S_tile[r, tx + b * TX] = math.exp(s[a, b] - m_safe)
+                    S_tile[r, tx + U(b) * uTX] = math.exp(s[a, b] - m_safe)
                 alpha = alpha_row[r]
                 for c in range(TD):
                     o[a, c] *= alpha
             cuda.syncthreads()
 
             # phase 4: l = alpha l + rowsum P (one thread per row); O += P V (all)
-            for r in range(tid, BLOCK_M, NT):
+            r = tid
+            while r < uBM:
                 l_sum = T(0.0)
-                for j in range(BLOCK_N):
+                j = U(0)
+                while j < uBN:
                     l_sum += S_tile[r, j]
+                    j += U(1)
                 l_row[r] = alpha_row[r] * l_row[r] + l_sum
-            for j in range(BLOCK_N):
+                r += uNT
+            j = U(0)
+            while j < uBN:
                 for a in range(TM):
-                    p = S_tile[ty + a * TY, j]
+                    p = S_tile[ty + U(a) * uTY, j]
                     for c in range(TD):
-                        o[a, c] += p * KV_tile[j * D_PAD + tx + c * TX]
+                        o[a, c] += p * KV_tile[j * uDP + tx + U(c) * uTX]
+                j += U(1)
             cuda.syncthreads()
+            n0 += uBN
 
         # out = O / l; rows that saw no key give out = 0 and lse = -inf
         for a in range(TM):
-            r = ty + a * TY
+            r = ty + U(a) * uTY
             i = m0 + r
             if i < nq:
                 l_i = l_row[r]
                 inv_l = T(1.0) / l_i if l_i > T(0.0) else T(0.0)
                 for c in range(TD):
-                    col = tx + c * TX
-                    if col < D:
+                    col = tx + U(c) * uTX
+                    if col < uD:
                         out[bh, i, col] = o[a, c] * inv_l
-                if tx == 0:
+                if tx == U(0):
                     lse[bh, i] = m_row[r] + math.log(l_i) if l_i > T(0.0) else T(NEG_INF)
 
     return forward_tiled, (TX, TY)
