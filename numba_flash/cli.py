@@ -18,6 +18,7 @@ def main(argv=None):
     p_bench.add_argument("--long", action="store_true",
                          help="also forward+backward at N = 131072 (B 1, H 16, d 128, float32)")
     sub.add_parser("info", help="versions, device, registered kernels")
+    sub.add_parser("tune", help="time the tiled kernels over tile and thread shapes")
     args = parser.parse_args(argv)
 
     if args.command == "verify":
@@ -31,6 +32,12 @@ def main(argv=None):
         return bench.main(args.json, quick=args.quick, mode=args.mode, long=args.long)
     if args.command == "info":
         return info()
+    if args.command == "tune":
+        if numba_flash.SIMULATOR:
+            print("numba-flash tune needs a CUDA GPU; none was found", file=sys.stderr)
+            return 2
+        from . import tune
+        return tune.main()
     return 2
 
 

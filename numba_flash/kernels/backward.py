@@ -30,13 +30,16 @@ THREADS_Y = 8
 PREPROCESS_THREADS = 128
 
 
-def thread_shape(block_m, block_n):
+def thread_shape(block_m, block_n, threads=None):
+    """(TY, TX): `threads` if given, else 8 x 16 threads, fewer where a block is smaller."""
+    if threads is not None:
+        return tuple(threads)
     return min(THREADS_Y, block_m, block_n), min(THREADS_X, block_n)
 
 
-def shared_bytes(block_m, block_n, head_dim, item):
+def shared_bytes(block_m, block_n, head_dim, item, threads=None):
     """Q, dO (block_m rows), K, V (block_n rows), all padded; P and dS tiles; lse and D."""
-    _, tx = thread_shape(block_m, block_n)
+    _, tx = thread_shape(block_m, block_n, threads)
     d_pad = ceil_div(head_dim, tx) * tx
     return item * ((2 * block_m + 2 * block_n) * (d_pad + 1) + 2 * block_m * (block_n + 1)
                    + 2 * block_m)
@@ -72,11 +75,11 @@ def make_preprocess_kernel(head_dim, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def _tile_functions(block_m, block_n, head_dim, causal, dtype):
+def _tile_functions(block_m, block_n, head_dim, causal, dtype, threads):
     """Device functions shared by the dkdv and dq kernels (same constants, same math).
     Every index is unsigned (common.U says why)."""
     T = numba_type(dtype)
-    TY, TX = thread_shape(block_m, block_n)
+    TY, TX = thread_shape(block_m, block_n, threads)
     D = head_dim
     D_PAD = ceil_div(D, TX) * TX
     TM, TN = block_m // TY, block_n // TX
@@ -129,27 +132,27 @@ def _tile_functions(block_m, block_n, head_dim, causal, dtype):
     return stage_rows, p_and_ds
 
 
-def _check_config(what, block_m, block_n, head_dim, dtype):
+def _check_config(what, block_m, block_n, head_dim, dtype, threads):
     check_block("block_m", block_m, 128)
     check_block("block_n", block_n, 128)
     check_head_dim(head_dim)
     T = numba_type(dtype)
-    TY, TX = thread_shape(block_m, block_n)
+    TY, TX = thread_shape(block_m, block_n, threads)
     if block_m % TY or block_n % TX or block_n % TY:
         raise ValueError(f"{what} needs block_m and block_n multiples of {TY} and block_n a "
                          f"multiple of {TX}, got {block_m} and {block_n}")
     check_shared_memory(f"{what} with block_m={block_m}, block_n={block_n}, d={head_dim}",
-                        shared_bytes(block_m, block_n, head_dim, T.bitwidth // 8),
+                        shared_bytes(block_m, block_n, head_dim, T.bitwidth // 8, threads),
                         "choose smaller blocks")
     return T, TY, TX
 
 
 @functools.lru_cache(maxsize=None)
-def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
+def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dk, dv, scale, heads, group)."""
-    T, TY, TX = _check_config("backward", block_m, block_n, head_dim, dtype)
-    stage_rows, p_and_ds = _tile_functions(block_m, block_n, head_dim, causal, dtype)
+    T, TY, TX = _check_config("backward", block_m, block_n, head_dim, dtype, threads)
+    stage_rows, p_and_ds = _tile_functions(block_m, block_n, head_dim, causal, dtype, threads)
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
     D_PAD = ceil_div(D, TX) * TX
     D_ROW, S_ROW = D_PAD + 1, BLOCK_N + 1   # padded row lengths (shapes must be constants)
@@ -229,11 +232,11 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def make_dq_kernel(block_m, block_n, head_dim, causal, dtype):
+def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     """dQ. Launch grid (ceil(Nq / block_m), B*H), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dq, scale, heads, group)."""
-    T, TY, TX = _check_config("backward", block_m, block_n, head_dim, dtype)
-    stage_rows, p_and_ds = _tile_functions(block_m, block_n, head_dim, causal, dtype)
+    T, TY, TX = _check_config("backward", block_m, block_n, head_dim, dtype, threads)
+    stage_rows, p_and_ds = _tile_functions(block_m, block_n, head_dim, causal, dtype, threads)
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
     D_PAD = ceil_div(D, TX) * TX
     D_ROW, S_ROW = D_PAD + 1, BLOCK_N + 1   # padded row lengths (shapes must be constants)
@@ -305,7 +308,7 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m, block_n):
+                 block_m, block_n, threads=None):
     """Launch preprocess, dkdv and dq on 3-D device arrays: q, dout, out, dq (B*H, Nq, d);
     k, v, dk, dv (B*Hk, Nk, d); lse (B*H, Nq). Allocates only D (B*H, Nq) besides."""
     from .. import arrays
@@ -317,7 +320,7 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), dtype)
     pre, threads = make_preprocess_kernel(d, dtype)
     pre[(ceil_div(nq, threads), bh), threads](dout, out, D)
-    dkdv, threads = make_dkdv_kernel(block_m, block_n, d, causal, dtype)
+    dkdv, threads = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads)
     dkdv[(ceil_div(nk, block_n), bhk), threads](q, k, v, dout, lse, D, dk, dv, scale, heads, group)
-    dq_kernel, threads = make_dq_kernel(block_m, block_n, d, causal, dtype)
+    dq_kernel, threads = make_dq_kernel(block_m, block_n, d, causal, dtype, threads)
     dq_kernel[(ceil_div(nq, block_m), bh), threads](q, k, v, dout, lse, D, dq, scale, heads, group)

@@ -26,14 +26,16 @@ THREADS_X = 16   # TX: threads along the key / head-dim axis
 THREADS_Y = 8    # TY: threads along the query axis
 
 
-def thread_shape(block_m, block_n):
-    """(TY, TX) for a tile: 8 x 16 threads, fewer where a block is smaller than that."""
+def thread_shape(block_m, block_n, threads=None):
+    """(TY, TX): `threads` if given, else 8 x 16 threads, fewer where a block is smaller."""
+    if threads is not None:
+        return tuple(threads)
     return min(THREADS_Y, block_m), min(THREADS_X, block_n)
 
 
-def shared_bytes(block_m, block_n, head_dim, item):
+def shared_bytes(block_m, block_n, head_dim, item, threads=None):
     """Shared memory of one block: Q (padded), K^T or V (one buffer), S/P (padded), m, l, alpha."""
-    _, tx = thread_shape(block_m, block_n)
+    _, tx = thread_shape(block_m, block_n, threads)
     d_pad = ceil_div(head_dim, tx) * tx
     kv = max(d_pad * (block_n + 1), block_n * d_pad)
     return item * (block_m * (d_pad + 1) + kv + block_m * (block_n + 1) + 3 * block_m)
@@ -49,19 +51,21 @@ def default_blocks(head_dim, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     """Compile-time constants in, (kernel, threads_per_block) out. Launch with grid
-    (ceil(Nq / block_m), B*H) and arguments (q, k, v, out, lse, scale, heads, group)."""
+    (ceil(Nq / block_m), B*H) and arguments (q, k, v, out, lse, scale, heads, group).
+    threads = (TY, TX) overrides the thread shape (each thread then owns a
+    block_m/TY x block_n/TX tile of S), for tuning."""
     check_block("block_m", block_m, 128)
     check_block("block_n", block_n, 128)
     check_head_dim(head_dim)
     T = numba_type(dtype)
-    TY, TX = thread_shape(block_m, block_n)
+    TY, TX = thread_shape(block_m, block_n, threads)
     if block_m % TY or block_n % TX:
         raise ValueError(f"tiled forward needs block_m a multiple of {TY} and block_n a multiple "
                          f"of {TX}, got {block_m} and {block_n}")
     check_shared_memory(f"tiled forward with block_m={block_m}, block_n={block_n}, d={head_dim}",
-                        shared_bytes(block_m, block_n, head_dim, T.bitwidth // 8),
+                        shared_bytes(block_m, block_n, head_dim, T.bitwidth // 8, threads),
                         "choose smaller blocks")
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
     TM, TN = BLOCK_M // TY, BLOCK_N // TX

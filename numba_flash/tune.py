@@ -1,0 +1,107 @@
+"""`numba-flash tune`: time the tiled kernels over tile and thread shapes, to choose defaults.
+
+Each configuration (block_m, block_n, (TY, TX)) is first checked against the NumPy reference
+on a small odd-sized problem (tolerance helper), then timed at N = 2048 on the benchmark grid
+(B * N = 16k, H = 2048 / d, float32, not causal). Prints TFLOP/s per configuration.
+"""
+
+import time
+
+import numpy as np
+
+import reference as ref
+
+from . import arrays
+from .kernels import backward, forward_tiled
+from .kernels.common import ceil_div
+from .testing import Case, check_backward, check_forward
+
+FORWARD_CONFIGS = {
+    64: [(32, 64, (8, 16)), (32, 64, (4, 16)), (64, 32, (8, 8)), (64, 32, (16, 8)),
+         (32, 32, (4, 8)), (32, 64, (8, 8))],
+    128: [(32, 32, (8, 16)), (32, 32, (4, 16)), (32, 32, (8, 8)), (32, 32, (4, 8)),
+          (16, 64, (4, 16)), (16, 64, (8, 16))],
+}
+BACKWARD_CONFIGS = {
+    64: [(32, 32, (8, 16)), (32, 32, (4, 16)), (32, 32, (8, 8)), (32, 32, (4, 8))],
+    128: [(16, 16, (8, 16)), (16, 16, (4, 16)), (16, 16, (8, 8)), (16, 16, (4, 8))],
+}
+
+
+def _launch_forward(cfg, q, k, v, causal=False):
+    bm, bn, threads = cfg
+    bh, nq, d = q.shape
+    kern, tpb = forward_tiled.make_forward_kernel(bm, bn, d, causal, q.dtype, threads)
+    out = arrays.empty_device(q.shape, q.dtype)
+    lse = arrays.empty_device((bh, nq), q.dtype)
+    kern[(ceil_div(nq, bm), bh), tpb](q, k, v, out, lse, q.dtype.type(1 / np.sqrt(d)), 1, 1)
+    return out, lse
+
+
+def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False):
+    bm, bn, threads = cfg
+    dq = arrays.empty_device(q.shape, q.dtype)
+    dk = arrays.empty_device(k.shape, k.dtype)
+    dv = arrays.empty_device(v.shape, v.dtype)
+    backward.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=1 / np.sqrt(q.shape[2]),
+                          heads=1, group=1, causal=causal, block_m=bm, block_n=bn, threads=threads)
+    return dq, dk, dv
+
+
+def _median_ms(fn, reps=5):
+    from numba import cuda
+    fn()
+    cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        cuda.synchronize()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return float(np.median(times))
+
+
+def _correct(cfg, d, which):
+    from numba import cuda
+    case = Case("tune", 1, 2, 2, 77, 93, d, causal=True)
+    q, k, v, dout = case.inputs(np.float32)
+    dev = [cuda.to_device(x.reshape(2, x.shape[2], d)) for x in (q, k, v, dout)]
+    out, lse = _launch_forward(cfg if which == "fwd" else (32, 32, None), *dev[:3], causal=True)
+    if which == "fwd":
+        comps = check_forward(q, k, v, out.copy_to_host().reshape(q.shape),
+                              lse.copy_to_host().reshape(q.shape[:-1]), causal=True)
+    else:
+        grads = _launch_backward(cfg, dev[3], *dev[:3], out, lse, causal=True)
+        comps = check_backward(dout, q, k, v, *(g.copy_to_host().reshape(x.shape)
+                                                for g, x in zip(grads, (q, k, v))), causal=True)
+    return all(c.ok for c in comps)
+
+
+def main(n=2048):
+    from numba import cuda
+    print(f"numba-flash tune: tiled kernels at N={n}, B*N=16k, H=2048/d, float32")
+    print(f"{'kernel':<5} {'d':>4} {'block_m':>7} {'block_n':>7} {'TYxTX':>7} {'ok':>3} "
+          f"{'ms':>8} {'TFLOP/s':>8}")
+    rng = np.random.default_rng(0)
+    for d in (64, 128):
+        bh = (16384 // n) * (2048 // d)
+        q, k, v, dout = (cuda.to_device(rng.standard_normal((bh, n, d), dtype=np.float32))
+                         for _ in range(4))
+        flops = ref.forward_flops(n, n, d, False, bh)
+        for which, configs in (("fwd", FORWARD_CONFIGS[d]), ("bwd", BACKWARD_CONFIGS[d])):
+            if which == "bwd":
+                out, lse = _launch_forward((32, 32, None) if d == 128 else (32, 64, None), q, k, v)
+            for cfg in configs:
+                try:
+                    ok = _correct(cfg, d, which)
+                    if which == "fwd":
+                        ms = _median_ms(lambda: _launch_forward(cfg, q, k, v))
+                        tf = flops / ms / 1e9
+                    else:
+                        ms = _median_ms(lambda: _launch_backward(cfg, dout, q, k, v, out, lse))
+                        tf = 2.5 * flops / ms / 1e9
+                    print(f"{which:<5} {d:>4} {cfg[0]:>7} {cfg[1]:>7} {'%dx%d' % cfg[2]:>7} "
+                          f"{'yes' if ok else 'NO':>3} {ms:>8.2f} {tf:>8.1f}", flush=True)
+                except Exception as exc:
+                    print(f"{which:<5} {d:>4} {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
+    return 0
