@@ -83,9 +83,28 @@ def to_device(x, shape3):
     return cuda.as_cuda_array(x).reshape(shape3)
 
 
+class AllocationMeter:
+    """Counts the device bytes that numba-flash allocates (outputs and workspace such as D)
+    while it is active: `with AllocationMeter() as meter: ...; meter.bytes`. The benchmark
+    reports this as numba-flash's extra device memory; inputs passed in are not counted."""
+    active = []
+
+    def __enter__(self):
+        self.bytes = 0
+        AllocationMeter.active.append(self)
+        return self
+
+    def __exit__(self, *exc):
+        AllocationMeter.active.remove(self)
+        return False
+
+
 def empty_device(shape, dtype):
     from numba import cuda
-    return cuda.device_array(shape, dtype=dtype)
+    arr = cuda.device_array(shape, dtype=dtype)
+    for meter in AllocationMeter.active:
+        meter.bytes += arr.nbytes
+    return arr
 
 
 def from_device(d_arr, shape, like):

@@ -17,6 +17,7 @@ import numpy as np
 
 import reference as ref
 
+from . import arrays
 from .api import flash_attention_backward, flash_attention_forward
 
 QUICK_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024) for c in (False, True)]
@@ -41,30 +42,6 @@ def _median_ms(fn, min_seconds=0.3, max_reps=10):
         _sync()
         times.append((time.perf_counter() - t0) * 1e3)
     return float(np.median(times))
-
-
-class _DeviceMemory:
-    """Bytes the device gained during a call (cudaMemGetInfo), with Numba's deferred frees
-    held so that every allocation made inside the call is still counted at its end."""
-
-    def __enter__(self):
-        import gc
-        from numba import cuda
-        self.ctx = cuda.current_context()
-        gc.collect()
-        _sync()
-        self.ctx.deallocations.clear()             # frees still pending from earlier calls
-        self.defer = self.ctx.deallocations.disable()
-        self.defer.__enter__()
-        _sync()
-        self.free0 = self.ctx.get_memory_info()[0]
-        return self
-
-    def __exit__(self, *exc):
-        _sync()
-        self.extra = self.free0 - self.ctx.get_memory_info()[0]
-        self.defer.__exit__(*exc)
-        return False
 
 
 def _numba_flash(kernel):
@@ -132,7 +109,8 @@ def implementations():
 
 
 def _measure_memory(kind, call):
-    """Peak extra device bytes of one call, by the allocator that serves it."""
+    """Peak extra device bytes of one call, by the allocator that serves it: torch's peak
+    statistics, CuPy's pool growth, numba-flash's own allocation count (outputs + D)."""
     if kind == "torch":
         import torch
         torch.cuda.synchronize()
@@ -149,9 +127,9 @@ def _measure_memory(kind, call):
         call()
         cp.cuda.Device().synchronize()
         return pool.total_bytes() - base       # what the pool had to reserve for the call
-    with _DeviceMemory() as mem:
+    with arrays.AllocationMeter() as meter:   # numba-flash allocates only through arrays
         call()
-    return mem.extra
+    return meter.bytes
 
 
 def _inputs(b, h, n, d, seed=0):
@@ -182,8 +160,9 @@ def _free_caches():
         pass
 
 
-def run(grid, modes=("fwd", "fwd+bwd"), progress=True):
-    """Measure every implementation on every grid point; return a list of records."""
+def run(grid, modes=("fwd", "fwd+bwd"), progress=True, on_record=None):
+    """Measure every implementation on every grid point; return a list of records.
+    on_record(records) is called after each one (the CLI saves the JSON file as it goes)."""
     from tqdm import tqdm
     impls = implementations()
     records = []
@@ -214,6 +193,8 @@ def run(grid, modes=("fwd", "fwd+bwd"), progress=True):
             rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
             _free_caches()
         records.append(rec)
+        if on_record:
+            on_record(records)
     return records
 
 
@@ -222,9 +203,9 @@ def run_long(n=131072, b=1, h=16, d=128):
     B*H*N^2*4 bytes (about 1.1 TB at N = 131072): one timed call, and its peak memory."""
     q, k, v, dout = _inputs(b, h, n, d)
     fwd, fwd_bwd = _numba_flash("tiled")
-    small = [_inputs(b, h, 1024, d)[i] for i in range(4)]
+    small = _inputs(b, h, 1024, d)
     fwd_bwd(small[0], small[1], small[2], False, small[3])                      # compile
-    with _DeviceMemory() as mem:
+    with arrays.AllocationMeter() as meter:
         t0 = time.perf_counter()
         dq, dk, dv = fwd_bwd(q, k, v, False, dout)
         _sync()
@@ -234,7 +215,7 @@ def run_long(n=131072, b=1, h=16, d=128):
                  for g in (dq, dk, dv))
     return dict(impl="numba-flash tiled", mode="fwd+bwd", d=d, N=n, B=b, H=h, causal=False,
                 dtype="float32", flops=flops, ms=seconds * 1e3, tflops=flops / seconds / 1e12,
-                peak_bytes=int(mem.extra), nxn_bytes=b * h * n * n * 4, finite=finite)
+                peak_bytes=int(meter.bytes), nxn_bytes=b * h * n * n * 4, finite=finite)
 
 
 def environment():
@@ -288,11 +269,13 @@ def main(json_path, quick=False, mode="both", long=False):
     modes = ("fwd", "fwd+bwd") if mode == "both" else (mode,)
     env = environment()
     print(f"numba-flash bench on {env['gpu']}: {env}")
-    records = run(QUICK_GRID if quick else FULL_GRID, modes)
+    def save(records):
+        with open(json_path, "w") as f:
+            json.dump(dict(environment=env, records=records), f, indent=1)
+    records = run(QUICK_GRID if quick else FULL_GRID, modes, on_record=save)
     if long:
         records.append(run_long())
-    with open(json_path, "w") as f:
-        json.dump(dict(environment=env, records=records), f, indent=1)
+        save(records)
     print(table(records))
     for r in records:
         if r["N"] > 16384:

@@ -9,6 +9,8 @@ block_n scores, raises m, rescales l and O by exp(m_old - m_new), and adds P V.
 import functools
 import math
 
+import numpy as np
+
 from numba import cuda
 
 from .common import (NEG_INF, check_block, check_head_dim, check_shared_memory, kv_head,
@@ -17,7 +19,7 @@ from .common import (NEG_INF, check_block, check_head_dim, check_shared_memory, 
 
 def default_blocks(head_dim, dtype):
     """(block_m, block_n): 64 threads per block; K/V tiles as deep as 48 KiB allows."""
-    item = 8 if str(dtype) == "float64" else 4
+    item = np.dtype(dtype).itemsize
     block_n = 32
     while block_n > 1 and 2 * block_n * head_dim * item > 48 * 1024:
         block_n //= 2
