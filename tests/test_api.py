@@ -1,0 +1,86 @@
+"""Bad input gets a clear error before any launch; every error names what is wrong."""
+
+import numpy as np
+import pytest
+
+from numba_flash import flash_attention_backward, flash_attention_forward
+from numba_flash.kernels import backward, forward_rowwise, forward_tiled
+
+
+def qkv(shape_q=(1, 2, 5, 4), shape_k=None, dtype=np.float32):
+    shape_k = shape_k or shape_q
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal(shape_q).astype(dtype), rng.standard_normal(shape_k).astype(dtype),
+            rng.standard_normal(shape_k).astype(dtype))
+
+
+@pytest.mark.parametrize("make,error,match", [
+    (lambda: (np.ones(4, np.float32),) + qkv()[1:], ValueError, r"q must have shape \(\.\.\., N, d\)"),
+    (lambda: qkv((1, 2, 5, 4), (1, 3, 5, 4)), ValueError, "leading dims differ"),
+    (lambda: qkv((2, 5, 4), (3, 5, 4)), ValueError, "leading dims differ"),
+    (lambda: qkv((1, 2, 5, 4), (1, 2, 5, 3)), ValueError, "head dims differ"),
+    (lambda: qkv((1, 2, 5, 300)), ValueError, "head dim d=300 is not supported"),
+    (lambda: qkv((1, 2, 0, 4)), ValueError, "sequence lengths must be at least 1"),
+    (lambda: qkv(dtype=np.int32), TypeError, "must be float32 or float64"),
+    (lambda: qkv(dtype=np.bool_), TypeError, "must be float32 or float64"),
+    (lambda: qkv(dtype=np.complex64), TypeError, "must be float32 or float64"),
+    (lambda: qkv(dtype=np.float16), TypeError, "float16 is not supported yet"),
+    (lambda: (qkv()[0], qkv()[1].astype(np.float64), qkv()[2]), TypeError, "share one dtype"),
+    (lambda: (qkv()[0], qkv()[1], qkv()[2][:, :, :3]), ValueError, "k and v lengths differ"),
+])
+def test_bad_shapes_and_dtypes(make, error, match):
+    with pytest.raises(error, match=match):
+        flash_attention_forward(*make())
+
+
+@pytest.mark.parametrize("scale", [float("nan"), float("inf"), 0.0, -1.0])
+def test_bad_scale(scale):
+    with pytest.raises(ValueError, match="scale must be finite and positive"):
+        flash_attention_forward(*qkv(), scale=scale)
+
+
+def test_gqa_needs_heads_that_divide():
+    with pytest.raises(ValueError, match="Hk divides H"):
+        flash_attention_forward(*qkv((1, 4, 5, 4), (1, 3, 5, 4)))
+
+
+def test_arrays_on_different_devices():
+    from numba import cuda
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="different devices"):
+        flash_attention_forward(q, cuda.to_device(k), v)
+
+
+def test_unknown_kernel_and_blocks_that_cannot_fit():
+    with pytest.raises(ValueError, match="unknown kernel 'nope'; registered"):
+        flash_attention_forward(*qkv(), kernel="nope")
+    with pytest.raises(ValueError, match="shared memory"):
+        forward_tiled.make_forward_kernel(128, 128, 256, False, np.float32)
+    with pytest.raises(ValueError, match="shared memory"):
+        forward_rowwise.make_forward_kernel(64, 128, 256, False, np.float64)
+    with pytest.raises(ValueError, match="multiple of"):
+        flash_attention_forward(*qkv(), block_m=12, block_n=16)
+    with pytest.raises(ValueError, match="block_m must be an integer"):
+        flash_attention_forward(*qkv(), block_m=0)
+
+
+def test_backward_checks_out_and_lse():
+    q, k, v = qkv()
+    out, lse = flash_attention_forward(q, k, v)
+    with pytest.raises(ValueError, match=r"lse must have shape \(1, 2, 5\)"):
+        flash_attention_backward(out, q, k, v, out, lse[..., :4])
+    with pytest.raises(ValueError, match="out must have shape"):
+        flash_attention_backward(out, q, k, v, out[..., :3], lse)
+    with pytest.raises(TypeError, match="dout must have dtype float32"):
+        flash_attention_backward(out.astype(np.float64), q, k, v, out, lse)
+
+
+def test_default_blocks_fit_every_head_dim():
+    for d in (1, 59, 64, 111, 128, 200, 256):
+        for dtype in (np.float32, np.float64):
+            for module in (forward_tiled, forward_rowwise):
+                bm, bn = module.default_blocks(d, np.dtype(dtype))
+                module.make_forward_kernel(bm, bn, d, True, np.dtype(dtype))  # raises if not
+            bm, bn = backward.default_blocks(d, np.dtype(dtype))
+            backward.make_dkdv_kernel(bm, bn, d, True, np.dtype(dtype))
+            backward.make_dq_kernel(bm, bn, d, True, np.dtype(dtype))
