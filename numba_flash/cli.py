@@ -1,4 +1,5 @@
-"""`numba-flash` console script (also `python -m numba_flash`): verify, bench, info."""
+"""`numba-flash` console script (also `python -m numba_flash`): verify, bench, fuzz, replay,
+tune, info."""
 
 import argparse
 import sys
@@ -19,6 +20,17 @@ def main(argv=None):
                          help="also forward+backward at N = 131072 (B 1, H 16, d 128, float32)")
     sub.add_parser("info", help="versions, device, registered kernels")
     sub.add_parser("tune", help="time the tiled kernels over tile and thread shapes")
+    p_fuzz = sub.add_parser("fuzz", help="run the properties as a campaign; save failures")
+    p_fuzz.add_argument("--profile", choices=("ci", "dev", "gpu", "nightly"), default=None,
+                        help="Hypothesis profile (default: dev on the simulator, gpu on a GPU)")
+    budget = p_fuzz.add_mutually_exclusive_group()
+    budget.add_argument("--examples", type=int, help="examples per (property, kernel)")
+    budget.add_argument("--seconds", type=float, help="run for this long")
+    p_fuzz.add_argument("--out", default="reproducers", help="folder for reproducer files")
+    p_fuzz.add_argument("--property", action="append", dest="properties", metavar="NAME",
+                        help="run only this property (repeatable); default all")
+    p_replay = sub.add_parser("replay", help="re-run one reproducer file and compare")
+    p_replay.add_argument("file")
     args = parser.parse_args(argv)
 
     if args.command == "verify":
@@ -32,6 +44,10 @@ def main(argv=None):
         return bench.main(args.json, quick=args.quick, mode=args.mode, long=args.long)
     if args.command == "info":
         return info()
+    if args.command == "fuzz":
+        return fuzz(args)
+    if args.command == "replay":
+        return replay(args.file)
     if args.command == "tune":
         if numba_flash.SIMULATOR:
             print("numba-flash tune needs a CUDA GPU; none was found", file=sys.stderr)
@@ -39,6 +55,44 @@ def main(argv=None):
         from . import tune
         return tune.main()
     return 2
+
+
+def fuzz(args):
+    from .testing import campaign, profiles
+    from .testing.properties import PROPERTIES
+    name, size = profiles.load(args.profile or ("dev" if numba_flash.SIMULATOR else "gpu"),
+                               numba_flash.SIMULATOR)
+    examples = args.examples if (args.examples or args.seconds) else None
+    if examples is None and not args.seconds:
+        from hypothesis import settings
+        examples = settings.default.max_examples
+    where = "the CUDA simulator" if numba_flash.SIMULATOR else "the GPU"
+    print(f"numba-flash fuzz: profile {name} ({size} sizes) on {where}; "
+          + (f"{examples} examples per (property, kernel)" if examples else f"{args.seconds:g} s"))
+    unknown = set(args.properties or ()) - set(PROPERTIES)
+    if unknown:
+        print(f"unknown properties {sorted(unknown)}; choose from {sorted(PROPERTIES)}",
+              file=sys.stderr)
+        return 2
+    outcomes, failures, paths = campaign.fuzz(size, examples, args.seconds, args.out,
+                                              properties=args.properties)
+    worst = sorted(outcomes, key=lambda o: -o.worst)[:8]
+    print(f"\n{len(outcomes)} examples, {len(failures)} failed. Worst error / allowed:")
+    for o in worst:
+        print(f"  {o.worst:8.3f}  {o.prop} [{o.kernel}] {o.problem.describe()}")
+    for o, path in zip(failures, paths):
+        print(f"\nFAILED {o.report()}\n  reproducer: {path}")
+    return 1 if failures else 0
+
+
+def replay(path):
+    from .testing import campaign
+    from .testing.properties import PROPERTIES
+    prop, kernel, problem = campaign.load_reproducer(path)
+    outcome = PROPERTIES[prop][0](kernel, problem)
+    print(outcome.report())
+    print("passes now" if outcome.ok else "still fails")
+    return 0 if outcome.ok else 1
 
 
 def info():

@@ -3,6 +3,10 @@
 import pytest
 
 import numba_flash  # turns the simulator on when no GPU is present
+from numba_flash.testing import profiles
+
+# Hypothesis profile for every test: ci on the simulator, gpu on a GPU ($HYPOTHESIS_PROFILE wins)
+PROFILE, SIZE = profiles.load(simulator=numba_flash.SIMULATOR)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -1,0 +1,100 @@
+"""Running the properties: one Hypothesis search per (property, kernel), used by the tests,
+by `numba-flash fuzz` (a campaign that records every failure as a reproducer file) and by
+`numba-flash replay`."""
+
+import json
+import os
+import time
+
+import numpy as np
+from hypothesis import assume, given, settings, target
+
+from ..kernels import BACKWARD, FORWARD
+from .properties import PROPERTIES
+from .strategies import Problem, problems, tiles_for
+
+
+def pairs(properties=None):
+    """(property, kernel) for every property and every registered kernel it applies to."""
+    out = []
+    for name in properties or PROPERTIES:
+        _, kind, _ = PROPERTIES[name]
+        out += [(name, k) for k in sorted(FORWARD if kind == "forward" else BACKWARD)]
+    return out
+
+
+def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="auto",
+           **settings_kw):
+    """Run Hypothesis on one property for one kernel. Failing examples raise AssertionError
+    (with the comparison report) unless raise_on_failure is False; every outcome is passed to
+    on_outcome. tiles: which strategies.TILES list to draw from ("auto": by kernel name).
+    settings_kw override the loaded profile (e.g. max_examples)."""
+    func, kind, prop_tiles = PROPERTIES[prop]
+    if tiles == "auto":
+        tiles = tiles_for(prop_tiles, kernel)
+
+    @given(problems(size=size, tiles=tiles))
+    def run(p):
+        outcome = func(kernel, p)
+        assume(outcome is not None)
+        target(min(outcome.worst, 1e6), label=f"{prop}: error / allowed")
+        if on_outcome:
+            on_outcome(outcome)
+        if raise_on_failure:
+            assert outcome.ok, outcome.report()
+
+    if settings_kw:
+        run = settings(**settings_kw)(run)
+    run()
+
+
+def save_reproducer(outcome, directory):
+    """Write the failing example (inputs + parameters + comparisons) to an .npz file."""
+    os.makedirs(directory, exist_ok=True)
+    p = outcome.problem
+    slug = "".join(ch if ch.isalnum() else "-" for ch in f"{outcome.prop}-{outcome.kernel}")
+    path = os.path.join(directory, f"{slug}-{p.seed}.npz")
+    q, k, v, dout = p.inputs()
+    meta = dict(prop=outcome.prop, kernel=outcome.kernel, problem=p.as_dict(),
+                comparisons=[str(c) for c in outcome.comparisons])
+    np.savez_compressed(path, q=q, k=k, v=v, dout=dout, meta=json.dumps(meta))
+    return path
+
+
+def load_reproducer(path):
+    """(property name, kernel, Problem carrying the saved arrays) from a reproducer file."""
+    with np.load(path) as f:
+        meta = json.loads(str(f["meta"]))
+        saved = tuple(f[n] for n in ("q", "k", "v", "dout"))
+    return meta["prop"], meta["kernel"], Problem(**meta["problem"], saved=saved)
+
+
+def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=True,
+         properties=None):
+    """Run every (property, kernel) pair (of `properties`, default all): `examples` each, or
+    batches of 10 round-robin until `seconds` have passed. Returns (outcomes, failures,
+    reproducer paths)."""
+    from tqdm import tqdm
+    todo = pairs(properties)
+    outcomes, failures, paths = [], [], []
+    bar = tqdm(total=(examples or 0) * len(todo) or None, disable=not progress, unit="example")
+
+    def record(outcome):
+        outcomes.append(outcome)
+        bar.update(1)
+        bar.set_postfix_str(f"{outcome.prop} [{outcome.kernel}] failures {len(failures)}")
+        if not outcome.ok:
+            failures.append(outcome)
+            paths.append(save_reproducer(outcome, directory))
+
+    start = time.time()
+    while True:
+        for prop, kernel in todo:
+            search(prop, kernel, size, on_outcome=record, raise_on_failure=False,
+                   max_examples=examples or 10)
+            if seconds and time.time() - start > seconds:
+                break
+        if not seconds or time.time() - start > seconds:
+            break
+    bar.close()
+    return outcomes, failures, paths

@@ -1,0 +1,201 @@
+"""Properties every registered kernel must have, as plain functions of (kernel, Problem).
+
+Each returns an Outcome (comparisons under the tolerance helper) or None when the property
+does not apply to the problem (e.g. key permutation under causal masking). Tests wrap them in
+@given; `numba-flash fuzz` runs them as a campaign and saves failing examples.
+"""
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+import reference as ref
+
+from ..api import flash_attention_backward, flash_attention_forward
+from ..kernels import DEFAULT_FORWARD
+from .tolerance import (FORWARD_MULTIPLE, GRADIENT_MULTIPLE, Comparison, check_backward,
+                        check_forward, compare, truth_dtype)
+
+
+@dataclass
+class Outcome:
+    prop: str
+    kernel: str
+    problem: object
+    comparisons: list = field(default_factory=list)
+
+    @property
+    def ok(self):
+        return all(c.ok for c in self.comparisons)
+
+    @property
+    def worst(self):
+        """Largest error / allowed over the comparisons (inf for NaN or pattern failures)."""
+        r = 0.0
+        for c in self.comparisons:
+            if not np.isfinite(c.max_err):
+                return float("inf")
+            ratio = float(c.max_err) / float(c.allowed) if c.allowed > 0 else (
+                0.0 if c.max_err == 0 else float("inf"))
+            r = max(r, ratio)
+        return r
+
+    def report(self):
+        return (f"{self.prop} [{self.kernel}] on {self.problem.describe()}:\n  "
+                + "\n  ".join(str(c) for c in self.comparisons))
+
+
+def _forward(kernel, p, q, k, v, tiles=True, **kw):
+    blocks = dict(block_m=p.block_m, block_n=p.block_n) if tiles and p.block_m else {}
+    return flash_attention_forward(q, k, v, causal=p.causal, kernel=kernel, **blocks, **kw)
+
+
+def forward_agrees(kernel, p):
+    """out and lse within tolerance of truth; no NaN, no inf but lse = -inf for masked rows."""
+    q, k, v, _ = p.inputs()
+    out, lse = _forward(kernel, p, q, k, v)
+    return Outcome("forward agrees", kernel, p, check_forward(q, k, v, out, lse, causal=p.causal))
+
+
+def backward_agrees(kernel, p):
+    """dq, dk, dv within tolerance of truth (3x NumPy's same-precision error)."""
+    q, k, v, dout = p.inputs()
+    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=DEFAULT_FORWARD)
+    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=p.causal, kernel=kernel,
+                                     block_m=p.block_m, block_n=p.block_n)
+    return Outcome("backward agrees", kernel, p, check_backward(dout, q, k, v, *grads, causal=p.causal))
+
+
+def _agreement(name, got, base, allowed):
+    """got against base, allowed a given error (NaN and -inf patterns must match)."""
+    c = compare(name, got, base, base, 0.0, np.float64)
+    return Comparison(name, c.max_err, c.mean_err, allowed, c.ok or c.max_err <= allowed, c.note)
+
+
+def tile_invariance(kernel, p):
+    """The drawn tile size gives the default tile size's answer, within rounding."""
+    if p.block_m is None:
+        return None
+    q, k, v, _ = p.inputs()
+    out, lse = _forward(kernel, p, q, k, v)
+    base_out, base_lse = _forward(kernel, p, q, k, v, tiles=False)
+    truth = check_forward(q, k, v, base_out, base_lse, causal=p.causal)
+    return Outcome("tile invariance", kernel, p, truth + [
+        _agreement("out(tiles) - out(default)", out, base_out, 2 * truth[0].allowed),
+        _agreement("lse(tiles) - lse(default)", lse, base_lse, 2 * truth[1].allowed)])
+
+
+def row_shift_invariance(kernel, p):
+    """Adding c_i to every logit of query i changes out not at all and lse by c_i. Done by
+    appending a coordinate: q' = [q, c_i / scale], k' = [k, 1], with the original scale."""
+    q, k, v, _ = p.inputs()
+    scale = 1.0 / np.sqrt(p.d)
+    c = np.random.default_rng(p.seed).uniform(-50, 50, size=q.shape[:-1]).astype(q.dtype)
+    q2 = np.concatenate([q, (c / q.dtype.type(scale))[..., None]], axis=-1)
+    k2 = np.concatenate([k, np.ones(k.shape[:-1] + (1,), k.dtype)], axis=-1)
+    v2 = np.concatenate([v, np.zeros(v.shape[:-1] + (1,), v.dtype)], axis=-1)
+    if q2.shape[-1] > 256:
+        return None
+    out, lse = _forward(kernel, p, q, k, v, tiles=False)
+    out2, lse2 = _forward(kernel, p, q2, k2, v2, tiles=False, scale=scale)
+    truth = check_forward(q, k, v, out, lse, causal=p.causal)
+    eps = float(np.finfo(q.dtype).eps)
+    lse_allowed = 2 * truth[1].allowed + 64 * eps * float(np.abs(c).max())
+    return Outcome("row-shift invariance", kernel, p, truth + [
+        _agreement("out(shifted) - out", out2[..., :p.d], out, 2 * truth[0].allowed),
+        _agreement("lse(shifted) - c - lse", lse2 - c, lse, lse_allowed)])
+
+
+def _permutation(prop, kernel, p, permute_keys):
+    """Permute the rows of k and v together (out, lse unchanged) or of q (out, lse permuted
+    alike); not under causal masking, which ties rows to positions."""
+    if p.causal:
+        return None
+    q, k, v, _ = p.inputs()
+    perm = np.random.default_rng(p.seed).permutation(p.Nk if permute_keys else p.Nq)
+    out, lse = _forward(kernel, p, q, k, v, tiles=False)
+    if permute_keys:
+        out2, lse2 = _forward(kernel, p, q, k[..., perm, :], v[..., perm, :], tiles=False)
+        expect_out, expect_lse = out, lse
+    else:
+        out2, lse2 = _forward(kernel, p, q[..., perm, :], k, v, tiles=False)
+        expect_out, expect_lse = out[..., perm, :], lse[..., perm]
+    truth = check_forward(q, k, v, out, lse)
+    return Outcome(prop, kernel, p, truth + [
+        _agreement("out(permuted) - expected", out2, expect_out, 2 * truth[0].allowed),
+        _agreement("lse(permuted) - expected", lse2, expect_lse, 2 * truth[1].allowed)])
+
+
+def key_permutation_invariance(kernel, p):
+    """Permuting the rows of k and v together leaves out and lse unchanged (not causal)."""
+    return _permutation("key permutation invariance", kernel, p, permute_keys=True)
+
+
+def query_permutation_equivariance(kernel, p):
+    """Permuting the rows of q permutes out and lse the same way (not causal)."""
+    return _permutation("query permutation equivariance", kernel, p, permute_keys=False)
+
+
+def _p_and_dp(q, k, v, dout, p):
+    """P and dP = dO V^T of the reference, one precision above q's (GQA heads expanded)."""
+    hi = truth_dtype(q.dtype)
+    kk, vv = (ref.repeat_kv(x, p.H) if p.Hk != p.H else x for x in (k, v))
+    S = (q.astype(hi) @ np.swapaxes(kk.astype(hi), -1, -2)) / np.sqrt(hi(p.d))
+    if p.causal:
+        S = np.where(ref.causal_mask(p.Nq, p.Nk), S, -np.inf)
+    return ref.safe_softmax(S), dout.astype(hi) @ np.swapaxes(vv.astype(hi), -1, -2), kk, vv
+
+
+def ds_rows_sum_to_zero(kernel, p):
+    """Every row of dS = P (dP - D) sums to zero, because D_i = sum_j P_ij dP_ij. Seen from
+    outside: with all keys equal, dQ = dS K scale = (sum_j dS_ij) k scale = 0. dQ is then a
+    cancellation, so its rounding floor is relative to the terms, scale sum_j |dS_ij| |k|,
+    not to the (zero) result."""
+    q, k, v, dout = p.inputs()
+    k = np.broadcast_to(k[..., :1, :], k.shape).copy()
+    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=DEFAULT_FORWARD)
+    dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=p.causal, kernel=kernel,
+                                          block_m=p.block_m, block_n=p.block_n)
+    c = check_backward(dout, q, k, v, dq, dk, dv, causal=p.causal)[0]
+    P, dP, kk, _ = _p_and_dp(q, k, v, dout, p)
+    dS = P * (dP - (P * dP).sum(axis=-1, keepdims=True))
+    terms = float(np.abs(dS).sum(axis=-1).max() * np.abs(kk).max()) / np.sqrt(p.d)
+    floor = 16 * float(np.finfo(q.dtype).eps) * terms
+    allowed = c.allowed + floor
+    return Outcome("dS rows sum to zero", kernel, p, [Comparison(
+        "dq (all keys equal)", c.max_err, c.mean_err, allowed, c.max_err <= allowed, c.note)])
+
+
+def d_is_rowsum_of_p_dp(kernel, p):
+    """The preprocess kernel's D = rowsum(dO * O) equals sum_j P_ij dP_ij from the reference."""
+    from numba import cuda
+
+    from ..kernels import backward
+    q, k, v, dout = p.inputs()
+    out, _ = flash_attention_forward(q, k, v, causal=p.causal, kernel=DEFAULT_FORWARD)
+    bh = p.B * p.H
+    pre, threads = backward.make_preprocess_kernel(p.d, q.dtype)
+    d_D = cuda.device_array((bh, p.Nq), dtype=q.dtype)
+    pre[((p.Nq + threads - 1) // threads, bh), threads](
+        cuda.to_device(dout.reshape(bh, p.Nq, p.d)), cuda.to_device(out.reshape(bh, p.Nq, p.d)), d_D)
+    D = d_D.copy_to_host().reshape(q.shape[:-1])
+    P, dP, kk, vv = _p_and_dp(q, k, v, dout, p)
+    same = (dout * ref.attention_forward(q, kk, vv, causal=p.causal)[0]).sum(axis=-1)
+    return Outcome("D = rowsum(P * dP)", kernel, p,
+                   [compare("D", D, (P * dP).sum(axis=-1), same, GRADIENT_MULTIPLE, q.dtype)])
+
+
+# name -> (function, which registry it checks, which tiles to draw)
+PROPERTIES = {
+    "forward agrees": (forward_agrees, "forward", "forward"),
+    "tile invariance": (tile_invariance, "forward", "forward"),
+    "row-shift invariance": (row_shift_invariance, "forward", None),
+    "key permutation invariance": (key_permutation_invariance, "forward", None),
+    "query permutation equivariance": (query_permutation_equivariance, "forward", None),
+    "backward agrees": (backward_agrees, "backward", "backward"),
+    "dS rows sum to zero": (ds_rows_sum_to_zero, "backward", "backward"),
+    "D = rowsum(P * dP)": (d_is_rowsum_of_p_dp, "backward", None),
+}
+
+__all__ = ["Outcome", "PROPERTIES", "FORWARD_MULTIPLE", "GRADIENT_MULTIPLE"] + [
+    f.__name__ for f, _, _ in PROPERTIES.values()]

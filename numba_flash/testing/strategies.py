@@ -1,0 +1,165 @@
+"""Hypothesis strategies for attention problems and logit regimes.
+
+`problems(size=...)` draws a Problem: shapes (batch, heads with GQA ratios, Nq, Nk including 1
+and sizes just off a tile multiple, d), causal, dtype, tile sizes, and a logit regime; its
+`inputs()` builds q, k, v, dout deterministically from the drawn seed. Sizes come from
+SIZES[size]: "simulator" stays tiny (the CUDA simulator runs one OS thread per CUDA thread),
+"gpu" reaches real sizes.
+"""
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+from hypothesis import strategies as st
+
+SIZES = {
+    "simulator": dict(max_n=40, max_d=16, max_batch=2, max_heads=2),
+    "gpu": dict(max_n=1100, max_d=256, max_batch=2, max_heads=8),
+}
+
+REGIMES = ("ordinary", "huge", "dominant key", "all equal", "row offsets", "near-cancelling",
+           "fully masked rows")
+
+TILES = {  # (block_m, block_n) candidates per kernel; invalid ones for d/dtype are filtered out
+    "rowwise": ((64, 4), (64, 8), (32, 16), (64, 32), (16, 64)),
+    "forward": ((8, 16), (16, 16), (16, 32), (32, 32), (32, 64), (64, 32), (64, 16)),
+    "backward": ((8, 8), (8, 16), (16, 16), (16, 32), (32, 32)),
+}
+
+
+def tiles_for(kind, kernel):
+    """Which TILES list to draw from for a property of `kind` ("forward", "backward" or None)
+    checked on `kernel`; None (kernel defaults) for variants this module does not know."""
+    if kind == "forward" and kernel == "rowwise":
+        return "rowwise"
+    return kind if kernel == "tiled" else None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One drawn attention problem: q (B, H, Nq, d), k and v (B, Hk, Nk, d)."""
+    B: int
+    H: int
+    Hk: int
+    Nq: int
+    Nk: int
+    d: int
+    causal: bool
+    dtype: str
+    regime: str
+    seed: int
+    block_m: int = None
+    block_n: int = None
+    saved: tuple = field(default=None, compare=False, repr=False)   # replayed (q, k, v, dout)
+
+    def describe(self):
+        gqa = f"/{self.Hk}" if self.Hk != self.H else ""
+        tiles = f" tiles {self.block_m}x{self.block_n}" if self.block_m else ""
+        return (f"B{self.B} H{self.H}{gqa} Nq{self.Nq} Nk{self.Nk} d{self.d} {self.dtype}"
+                f"{' causal' if self.causal else ''} [{self.regime}] seed {self.seed}{tiles}")
+
+    def as_dict(self):
+        d = asdict(self)
+        d.pop("saved")
+        return d
+
+    def inputs(self):
+        """(q, k, v, dout) as NumPy arrays of self.dtype, shaped by the regime (or the arrays
+        a reproducer file saved)."""
+        if self.saved is not None:
+            return tuple(a.copy() for a in self.saved)
+        return logits_regime(self.regime, self.B, self.H, self.Hk, self.Nq, self.Nk, self.d,
+                             np.dtype(self.dtype), self.seed)
+
+
+def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
+    """Inputs whose logits S = q k^T / sqrt(d) follow `regime`:
+
+    ordinary          q, k, v ~ N(0, 1): |S| of order 1.
+    huge              |S| ~ 1e4 in float32 and ~1e6 in float64: exp(S) overflows many times over.
+    dominant key      one key per head has a logit ~ 40 above every other for every query.
+    all equal         every key row identical: all logits of a row equal, P uniform.
+    row offsets       each query row's logits shifted by its own constant of up to 1e3.
+    near-cancelling   q.k sums terms of +-1e3 that cancel, leaving O(1) logits.
+    fully masked rows causal with Nq > Nk makes the first Nq - Nk rows see no key (forced by
+                      the strategy; here the data are ordinary).
+    """
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, H, nq, d))
+    k = rng.standard_normal((B, Hk, nk, d))
+    v = rng.standard_normal((B, Hk, nk, d))
+    dout = rng.standard_normal((B, H, nq, d))
+    root = math.sqrt(math.sqrt(d))                  # (a q).(b u) / sqrt(d) = a b / root^2
+    if regime == "huge":                            # q, k scaled by a: S scaled by a^2
+        a = math.sqrt(1e4 if dtype == np.float32 else 1e6)
+        q *= a
+        k *= a
+    elif regime == "dominant key":
+        u = np.ones(d) / math.sqrt(d)
+        q = 0.1 * q + 8 * root * u
+        j = rng.integers(nk)
+        k[..., j, :] += 5 * root * u
+    elif regime == "all equal":
+        k[...] = k[..., :1, :]
+    elif regime == "row offsets":
+        q[..., 0] = rng.uniform(-1e3, 1e3, size=q.shape[:-1])
+        k[..., 0] = 1.0
+    elif regime == "near-cancelling" and d >= 2:
+        q[..., 0] = q[..., 1] = 30.0
+        k[..., 0], k[..., 1] = 30.0 * np.ones_like(k[..., 0]), -30.0 * np.ones_like(k[..., 1])
+    return tuple(a.astype(dtype) for a in (q, k, v, dout))
+
+
+def valid_tiles(kind, d, dtype):
+    """Tile candidates of TILES[kind] that the kernel factories accept for (d, dtype)."""
+    from ..kernels import backward, forward_rowwise, forward_tiled
+    out = []
+    for bm, bn in TILES[kind]:
+        try:
+            if kind == "rowwise":
+                forward_rowwise.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
+            elif kind == "forward":
+                forward_tiled.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
+            else:
+                backward.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype))
+            out.append((bm, bn))
+        except ValueError:
+            pass
+    return out
+
+
+def sequence_lengths(max_n):
+    """1, sizes just off a tile multiple (15, 17, 31, 33, 63, 65, ...), and anything else."""
+    near = sorted({n + o for n in (16, 32, 64, 128, 256, 512, 1024) for o in (-1, 0, 1)
+                   if 1 <= n + o <= max_n})
+    return st.one_of(st.just(1), st.sampled_from(near), st.integers(1, max_n))
+
+
+@st.composite
+def problems(draw, size="simulator", dtypes=("float32", "float64"), regimes=REGIMES,
+             tiles=None):
+    """A Problem. tiles: None (kernel defaults) or a key of TILES (draw a tile size that
+    kernel accepts for the drawn d and dtype)."""
+    lim = SIZES[size]
+    regime = draw(st.sampled_from(regimes))
+    B = draw(st.integers(1, lim["max_batch"]))
+    Hk = draw(st.integers(1, max(1, lim["max_heads"] // 2)))
+    H = Hk * draw(st.sampled_from([1, 2, 4]))      # GQA ratios 1, 2, 4
+    d = draw(st.one_of(st.integers(1, lim["max_d"]), st.sampled_from(
+        [x for x in (1, 16, 59, 64, 111, 128, 256) if x <= lim["max_d"]])))
+    nq = draw(sequence_lengths(lim["max_n"]))
+    nk = draw(sequence_lengths(lim["max_n"]))
+    causal = draw(st.booleans())
+    if regime == "fully masked rows":
+        causal = True
+        if nq <= nk:
+            nq, nk = nk + 1, nq
+            nq = min(nq, lim["max_n"] + 1)
+            nk = min(nk, nq - 1)
+    dtype = draw(st.sampled_from(dtypes))
+    seed = draw(st.integers(0, 2**32 - 1))
+    block_m = block_n = None
+    if tiles:
+        block_m, block_n = draw(st.sampled_from(valid_tiles(tiles, d, dtype)))
+    return Problem(B, H, Hk, nq, nk, d, causal, dtype, regime, seed, block_m, block_n)

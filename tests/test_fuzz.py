@@ -1,0 +1,26 @@
+"""The fuzz campaign records failures as reproducer files, and replay re-runs them."""
+
+from numba_flash import cli
+from numba_flash.testing import campaign, mutants
+
+
+def test_fuzz_saves_reproducers_that_replay_fails(tmp_path):
+    with mutants.registered("D left out of dS") as kernel:
+        outcomes, failures, paths = campaign.fuzz(
+            "simulator", examples=2, directory=str(tmp_path), progress=False,
+            properties=["backward agrees"])
+        assert {o.kernel for o in outcomes} == {"tiled", kernel}
+        assert failures and all(f.kernel == kernel for f in failures)
+        assert len(paths) == len(failures) and all(p.endswith(".npz") for p in paths)
+        prop, name, problem = campaign.load_reproducer(paths[0])
+        assert (prop, name) == ("backward agrees", kernel)
+        assert problem.saved is not None and problem.saved[0].shape[2] == problem.Nq
+        assert cli.main(["replay", paths[0]]) == 1          # still failing: exit 1
+
+
+def test_fuzz_cli_exits_zero_when_nothing_fails(tmp_path, capsys):
+    rc = cli.main(["fuzz", "--profile", "ci", "--examples", "1", "--out", str(tmp_path),
+                   "--property", "D = rowsum(P * dP)"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "0 failed" in out and "Worst error / allowed" in out
+    assert not list(tmp_path.iterdir())
