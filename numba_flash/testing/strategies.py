@@ -30,7 +30,11 @@ TILES = {  # (block_m, block_n) candidates per kernel; invalid ones for d/dtype 
 
 def tiles_for(kind, kernel):
     """Which TILES list to draw from for a property of `kind` ("forward", "backward" or None)
-    checked on `kernel`; None (kernel defaults) for variants this module does not know."""
+    checked on `kernel`; None (kernel defaults) for variants this module does not know.
+    A mutant draws the tiles of the kernel it was made from."""
+    if kernel.startswith("mutant: "):
+        from .mutants import MUTANTS
+        kernel = "rowwise" if MUTANTS[kernel[len("mutant: "):]].module == "forward_rowwise" else "tiled"
     if kind == "forward" and kernel == "rowwise":
         return "rowwise"
     return kind if kernel == "tiled" else None

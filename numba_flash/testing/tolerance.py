@@ -38,11 +38,13 @@ def truth_dtype(dtype):
     return np.longdouble if np.dtype(dtype) == np.float64 else np.float64
 
 
-def compare(name, got, truth, same_precision, multiple, dtype):
+def compare(name, got, truth, same_precision, multiple, dtype, terms=0.0):
     """Compare `got` (kernel) and `same_precision` (NumPy in the kernel's dtype) with truth.
 
     Entries where truth is -inf (lse of fully masked rows) must be -inf in `got`; the rest
-    are compared by absolute error."""
+    are compared by absolute error. `terms` is the size of the terms each entry sums (e.g.
+    max_i sum_j |dS_ij| |k| for dq): the rounding floor is relative to the larger of it and
+    the largest truth value, so results that cancel to ~0 are not held to 0's ulp."""
     got = np.asarray(got, dtype=np.float64)
     truth = np.asarray(truth)
     same = np.asarray(same_precision)
@@ -58,7 +60,7 @@ def compare(name, got, truth, same_precision, multiple, dtype):
         return Comparison(name, 0.0, 0.0, 0.0, True)
     err = np.abs(got[fin] - truth[fin]).astype(np.float64)
     same_err = np.abs(same[fin].astype(truth.dtype) - truth[fin]).astype(np.float64)
-    scale = max(float(np.abs(truth[fin]).max()), np.finfo(np.float64).tiny)
+    scale = max(float(np.abs(truth[fin]).max()), float(terms), np.finfo(np.float64).tiny)
     floor = FLOOR_ULPS * float(np.finfo(dtype).eps) * scale
     allowed = multiple * float(np.nan_to_num(same_err.max(), posinf=0.0)) + floor
     return Comparison(name, float(err.max()), float(err.mean()), allowed,
@@ -82,7 +84,8 @@ def check_forward(q, k, v, out, lse, *, causal=False, scale=None):
                                          causal=causal, scale=scale)
     with np.errstate(over="ignore"):
         p_out, p_lse = ref.attention_forward(q, k, v, causal=causal, scale=scale)
-    return [compare("out", out, t_out, p_out, FORWARD_MULTIPLE, dtype),
+    # out_i = sum_j P_ij v_j with sum_j P_ij = 1: its terms are at most max |v|
+    return [compare("out", out, t_out, p_out, FORWARD_MULTIPLE, dtype, terms=np.abs(v).max()),
             compare("lse", lse, t_lse, p_lse, FORWARD_MULTIPLE, dtype)]
 
 
@@ -101,8 +104,26 @@ def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None):
     if kv_heads is not None and kv_heads != q.shape[1]:
         truth = (truth[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in truth[1:])
         same = (same[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in same[1:])
-    return [compare(name, got, t, s, GRADIENT_MULTIPLE, dtype)
-            for name, got, t, s in zip(("dq", "dk", "dv"), (dq, dk, dv), truth, same)]
+    terms = _gradient_terms(dout, q, k, v, causal, scale)
+    return [compare(name, got, t, s, GRADIENT_MULTIPLE, dtype, terms=m)
+            for name, got, t, s, m in zip(("dq", "dk", "dv"), (dq, dk, dv), truth, same, terms)]
+
+
+def _gradient_terms(dout, q, k, v, causal, scale):
+    """Sizes of the sums behind dq, dk, dv (float64): dq_i = scale sum_j dS_ij k_j, dk_j =
+    scale sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i. Rows of dS sum to zero, so dq can cancel
+    to ~0 while its terms do not; the rounding floor follows the terms."""
+    q, k, v, dout = (a.astype(np.float64) for a in (q, k, v, dout))
+    s = ref.default_scale(q.shape[-1], scale)
+    S = (q @ np.swapaxes(k, -1, -2)) * s
+    if causal:
+        S = np.where(ref.causal_mask(q.shape[-2], k.shape[-2]), S, -np.inf)
+    P = ref.safe_softmax(S)
+    dP = dout @ np.swapaxes(v, -1, -2)
+    dS = np.abs(P * (dP - (P * dP).sum(axis=-1, keepdims=True)))
+    return (s * dS.sum(axis=-1).max() * np.abs(k).max(),
+            s * dS.sum(axis=-2).max() * np.abs(q).max(),
+            P.sum(axis=-2).max() * np.abs(dout).max())
 
 
 def assert_within_tolerance(comparisons, problem=""):
