@@ -2,7 +2,8 @@
 
 ci       derandomized, few examples, simulator sizes: what CI runs.
 dev      more examples, simulator sizes: a researcher's laptop after a kernel change.
-gpu      real sizes, a few hundred examples: seconds to minutes on a GPU.
+gpu      real sizes, 20 examples per property and kernel: minutes on a GPU (truth in long
+         double for float64 kernels is computed on the CPU, which is most of the time).
 nightly  thousands of examples at real sizes; every property calls target() with its
          error / allowed ratio, so Hypothesis steers toward the largest relative error.
 Load one with HYPOTHESIS_PROFILE=name (tests) or `numba-flash fuzz --profile name`.
@@ -17,7 +18,7 @@ _COMMON = dict(deadline=None, print_blob=True, suppress_health_check=[
 
 settings.register_profile("ci", max_examples=3, derandomize=True, database=None, **_COMMON)
 settings.register_profile("dev", max_examples=40, **_COMMON)
-settings.register_profile("gpu", max_examples=200, **_COMMON)
+settings.register_profile("gpu", max_examples=20, **_COMMON)
 settings.register_profile("nightly", max_examples=3000, **_COMMON)
 
 SIZE = {"ci": "simulator", "dev": "simulator", "gpu": "gpu", "nightly": "gpu"}

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 SIZES = {
     "simulator": dict(max_n=40, max_d=16, max_batch=2, max_heads=2),
-    "gpu": dict(max_n=1100, max_d=256, max_batch=2, max_heads=8),
+    "gpu": dict(max_n=1100, max_d=256, max_batch=2, max_heads=4),
 }
 
 REGIMES = ("ordinary", "huge", "dominant key", "all equal", "row offsets", "near-cancelling",
