@@ -19,6 +19,7 @@ import reference as ref
 
 from . import arrays
 from .api import flash_attention_backward, flash_attention_forward
+from .kernels import DEFAULT_FORWARD, FORWARD
 
 QUICK_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024) for c in (False, True)]
 FULL_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024, 2048, 4096, 8192, 16384)
@@ -89,9 +90,9 @@ def _torch_sdpa(backend_name):
 def implementations():
     """name -> (forward fn or None, forward+backward fn or None, memory probe kind)."""
     impls = {}
-    nf_fwd, nf_fb = _numba_flash("tiled")
-    impls["numba-flash tiled"] = (nf_fwd, nf_fb, "device")
-    impls["numba-flash rowwise"] = (_numba_flash("rowwise")[0], None, "device")
+    for name in sorted(FORWARD):          # every registered forward variant; fwd+bwd with the
+        fwd, fwd_bwd = _numba_flash(name)  # default one (the backward is shared)
+        impls[f"numba-flash {name}"] = (fwd, fwd_bwd if name == DEFAULT_FORWARD else None, "device")
     try:
         import cupy  # noqa: F401
         impls["cupy standard"] = (_cupy_standard, None, "cupy")

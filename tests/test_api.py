@@ -84,3 +84,12 @@ def test_default_blocks_fit_every_head_dim():
             bm, bn = backward.default_blocks(d, np.dtype(dtype))
             backward.make_dkdv_kernel(bm, bn, d, True, np.dtype(dtype))
             backward.make_dq_kernel(bm, bn, d, True, np.dtype(dtype))
+
+
+def test_bench_times_every_registered_forward_variant():
+    from numba_flash import bench
+    from numba_flash.kernels import DEFAULT_FORWARD, FORWARD
+    impls = bench.implementations()
+    for name in FORWARD:
+        fwd, fwd_bwd, _ = impls[f"numba-flash {name}"]
+        assert fwd is not None and (fwd_bwd is not None) == (name == DEFAULT_FORWARD)
