@@ -8,13 +8,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import reference as ref
+
 from . import arrays
 from .kernels import BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD
 from .kernels.common import MAX_HEAD_DIM, ceil_div
 
 
 @dataclass(frozen=True)
-class Problem:
+class Shapes:
     """Validated sizes of one attention call: q viewed as (B*H, Nq, d), k/v as (B*Hk, Nk, d)."""
     lead: tuple          # leading dims of q, e.g. (B, H)
     kv_lead: tuple       # leading dims of k and v, e.g. (B, Hk)
@@ -85,16 +87,11 @@ def _validate(q, k, v, scale):
         if arrays.kind_of(x) != "numpy" and not arrays.is_c_contiguous(x):
             raise ValueError(f"{name} is a non-contiguous device array; pass a contiguous copy "
                              f"(e.g. .contiguous() in torch, cupy.ascontiguousarray)")
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    else:
-        try:
-            scale = float(scale)
-        except (TypeError, ValueError):
-            raise TypeError(f"scale must be a real number, got {scale!r}") from None
-        if not math.isfinite(scale) or scale <= 0:
-            raise ValueError(f"scale must be finite and positive, got {scale}")
-    return Problem(qs[:-2], ks[:-2], qs[-2], ks[-2], d, dtypes["q"], scale)
+    try:
+        scale = ref.default_scale(d, scale)   # 1/sqrt(d), or a finite positive scale
+    except TypeError:
+        raise TypeError(f"scale must be a real number, got {scale!r}") from None
+    return Shapes(qs[:-2], ks[:-2], qs[-2], ks[-2], d, dtypes["q"], scale)
 
 
 def _blocks(variant, p, block_m, block_n):

@@ -5,13 +5,13 @@ on a small odd-sized problem (tolerance helper), then timed at N = 2048 on the b
 (B * N = 16k, H = 2048 / d, float32, not causal). Prints TFLOP/s per configuration.
 """
 
-import time
 
 import numpy as np
 
 import reference as ref
 
 from . import arrays
+from .bench import _median_ms
 from .kernels import backward, forward_tiled
 from .kernels.common import ceil_div
 from .testing import Case, check_backward, check_forward
@@ -46,19 +46,6 @@ def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False):
     backward.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=1 / np.sqrt(q.shape[2]),
                           heads=1, group=1, causal=causal, block_m=bm, block_n=bn, threads=threads)
     return dq, dk, dv
-
-
-def _median_ms(fn, reps=5):
-    from numba import cuda
-    fn()
-    cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        cuda.synchronize()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return float(np.median(times))
 
 
 def _correct(cfg, d, which):

@@ -13,8 +13,9 @@ import reference as ref
 
 from ..api import flash_attention_backward, flash_attention_forward
 from ..kernels import DEFAULT_FORWARD
-from .tolerance import (FORWARD_MULTIPLE, GRADIENT_MULTIPLE, Comparison, check_backward,
-                        check_forward, compare, truth_dtype)
+from .tolerance import (GRADIENT_MULTIPLE, Comparison, check_backward,
+                        check_forward, compare, expand_kv, reference_p_dp,
+                        truth_dtype)
 
 
 @dataclass
@@ -136,16 +137,6 @@ def query_permutation_equivariance(kernel, p):
     return _permutation("query permutation equivariance", kernel, p, permute_keys=False)
 
 
-def _p_and_dp(q, k, v, dout, p):
-    """P and dP = dO V^T of the reference, one precision above q's (GQA heads expanded)."""
-    hi = truth_dtype(q.dtype)
-    kk, vv = (ref.repeat_kv(x, p.H) if p.Hk != p.H else x for x in (k, v))
-    S = (q.astype(hi) @ np.swapaxes(kk.astype(hi), -1, -2)) / np.sqrt(hi(p.d))
-    if p.causal:
-        S = np.where(ref.causal_mask(p.Nq, p.Nk), S, -np.inf)
-    return ref.safe_softmax(S), dout.astype(hi) @ np.swapaxes(vv.astype(hi), -1, -2), kk, vv
-
-
 def ds_rows_sum_to_zero(kernel, p):
     """Every row of dS = P (dP - D) sums to zero, because D_i = sum_j P_ij dP_ij. Seen from
     outside: with all keys equal, dQ = dS K scale = (sum_j dS_ij) k scale = 0 (a cancellation,
@@ -172,7 +163,8 @@ def d_is_rowsum_of_p_dp(kernel, p):
     pre[((p.Nq + threads - 1) // threads, bh), threads](
         cuda.to_device(dout.reshape(bh, p.Nq, p.d)), cuda.to_device(out.reshape(bh, p.Nq, p.d)), d_D)
     D = d_D.copy_to_host().reshape(q.shape[:-1])
-    P, dP, kk, vv = _p_and_dp(q, k, v, dout, p)
+    kk, vv = expand_kv(q, k, v)
+    P, dP = reference_p_dp(q, kk, vv, dout, p.causal, dtype=truth_dtype(q.dtype))
     same = (dout * ref.attention_forward(q, kk, vv, causal=p.causal)[0]).sum(axis=-1)
     return Outcome("D = rowsum(P * dP)", kernel, p,
                    [compare("D", D, (P * dP).sum(axis=-1), same, GRADIENT_MULTIPLE, q.dtype)])
@@ -190,5 +182,5 @@ PROPERTIES = {
     "D = rowsum(P * dP)": (d_is_rowsum_of_p_dp, "backward", None),
 }
 
-__all__ = ["Outcome", "PROPERTIES", "FORWARD_MULTIPLE", "GRADIENT_MULTIPLE"] + [
+__all__ = ["Outcome", "PROPERTIES"] + [
     f.__name__ for f, _, _ in PROPERTIES.values()]

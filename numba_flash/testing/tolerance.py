@@ -67,7 +67,7 @@ def compare(name, got, truth, same_precision, multiple, dtype, terms=0.0):
                       bool(err.max() <= allowed))
 
 
-def _expand(q, k, v):
+def expand_kv(q, k, v):
     """Repeat GQA key heads so the reference sees identical leading dims."""
     if k.ndim == 4 and k.shape[1] != q.shape[1]:
         return ref.repeat_kv(k, q.shape[1]), ref.repeat_kv(v, q.shape[1])
@@ -78,7 +78,7 @@ def check_forward(q, k, v, out, lse, *, causal=False, scale=None):
     """[Comparison(out), Comparison(lse)] of a kernel's forward against truth."""
     q, k, v = (np.asarray(a) for a in (q, k, v))
     dtype = q.dtype
-    k, v = _expand(q, k, v)
+    k, v = expand_kv(q, k, v)
     hi = truth_dtype(dtype)
     t_out, t_lse = ref.attention_forward(q.astype(hi), k.astype(hi), v.astype(hi),
                                          causal=causal, scale=scale)
@@ -95,7 +95,7 @@ def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None):
     dout, q, k, v = (np.asarray(a) for a in (dout, q, k, v))
     dtype = q.dtype
     kv_heads = k.shape[1] if k.ndim == 4 else None
-    k, v = _expand(q, k, v)
+    k, v = expand_kv(q, k, v)
     hi = truth_dtype(dtype)
     truth = ref.attention_backward(dout.astype(hi), q.astype(hi), k.astype(hi), v.astype(hi),
                                    causal=causal, scale=scale)
@@ -109,21 +109,26 @@ def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None):
             for name, got, t, s, m in zip(("dq", "dk", "dv"), (dq, dk, dv), truth, same, terms)]
 
 
+def reference_p_dp(q, k, v, dout, causal=False, scale=None, dtype=np.float64):
+    """P = softmax(scale q k^T) (masked) and dP = dO v^T in `dtype`; k and v already have q's
+    heads (see expand_kv)."""
+    q, k, v, dout = (a.astype(dtype) for a in (q, k, v, dout))
+    S = (q @ np.swapaxes(k, -1, -2)) * dtype(ref.default_scale(q.shape[-1], scale))
+    if causal:
+        S = np.where(ref.causal_mask(q.shape[-2], k.shape[-2]), S, -np.inf)
+    return ref.safe_softmax(S), dout @ np.swapaxes(v, -1, -2)
+
+
 def _gradient_terms(dout, q, k, v, causal, scale):
     """Sizes of the sums behind dq, dk, dv (float64): dq_i = scale sum_j dS_ij k_j, dk_j =
     scale sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i. Rows of dS sum to zero, so dq can cancel
     to ~0 while its terms do not; the rounding floor follows the terms."""
-    q, k, v, dout = (a.astype(np.float64) for a in (q, k, v, dout))
     s = ref.default_scale(q.shape[-1], scale)
-    S = (q @ np.swapaxes(k, -1, -2)) * s
-    if causal:
-        S = np.where(ref.causal_mask(q.shape[-2], k.shape[-2]), S, -np.inf)
-    P = ref.safe_softmax(S)
-    dP = dout @ np.swapaxes(v, -1, -2)
+    P, dP = reference_p_dp(q, k, v, dout, causal, scale)
     dS = np.abs(P * (dP - (P * dP).sum(axis=-1, keepdims=True)))
-    return (s * dS.sum(axis=-1).max() * np.abs(k).max(),
-            s * dS.sum(axis=-2).max() * np.abs(q).max(),
-            P.sum(axis=-2).max() * np.abs(dout).max())
+    return (s * dS.sum(axis=-1).max() * float(np.abs(k).max()),
+            s * dS.sum(axis=-2).max() * float(np.abs(q).max()),
+            P.sum(axis=-2).max() * float(np.abs(dout).max()))
 
 
 def assert_within_tolerance(comparisons, problem=""):
