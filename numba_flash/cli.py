@@ -19,7 +19,10 @@ def main(argv=None):
     p_bench.add_argument("--long", action="store_true",
                          help="also forward+backward at N = 131072 (B 1, H 16, d 128, float32)")
     sub.add_parser("info", help="versions, device, registered kernels")
-    sub.add_parser("tune", help="time the tiled kernels over tile and thread shapes")
+    tune = sub.add_parser("tune", help="time the kernels over tile and thread shapes")
+    tune.add_argument("--forward", nargs="+", default=["tiled", "fa2"], metavar="KERNEL",
+                      help="forward kernels to tune (tiled, fa2)")
+    tune.add_argument("--no-backward", action="store_true", help="tune the forward only")
     p_fuzz = sub.add_parser("fuzz", help="run the properties as a campaign; save failures")
     p_fuzz.add_argument("--profile", choices=("ci", "dev", "gpu", "nightly"), default=None,
                         help="Hypothesis profile (default: dev on the simulator, gpu on a GPU)")
@@ -53,7 +56,7 @@ def main(argv=None):
             print("numba-flash tune needs a CUDA GPU; none was found", file=sys.stderr)
             return 2
         from . import tune
-        return tune.main()
+        return tune.main(forward=tuple(args.forward), backward_too=not args.no_backward)
     return 2
 
 

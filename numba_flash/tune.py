@@ -1,4 +1,5 @@
-"""`numba-flash tune`: time the tiled kernels over tile and thread shapes, to choose defaults.
+"""`numba-flash tune`: time the forward and backward kernels over tile and thread shapes, to
+choose defaults.
 
 Each configuration (block_m, block_n, (TY, TX)) is first checked against the NumPy reference
 on a small odd-sized problem (tolerance helper), then timed at N = 2048 on the benchmark grid
@@ -12,26 +13,31 @@ import reference as ref
 
 from . import arrays
 from .bench import _median_ms
-from .kernels import backward, forward_tiled
+from .kernels import backward, forward_fa2, forward_tiled
 from .kernels.common import ceil_div
 from .testing import Case, check_backward, check_forward
 
-FORWARD_CONFIGS = {
+FORWARD_MODULES = {"tiled": forward_tiled, "fa2": forward_fa2}
+FORWARD_CONFIGS = {("fa2", 64): [(64, 64, (8, 16)), (64, 32, (8, 16)), (128, 64, (16, 16)),
+                                 (128, 32, (16, 16)), (64, 64, (16, 16)), (32, 64, (4, 16))],
+                   ("fa2", 128): [(64, 64, (8, 16)), (64, 32, (8, 16)), (128, 32, (16, 16)),
+                                  (32, 64, (4, 16)), (128, 64, (16, 16)), (64, 32, (16, 16))]}
+FORWARD_CONFIGS |= {("tiled", d): configs for d, configs in {
     64: [(32, 64, (8, 16)), (32, 64, (4, 16)), (64, 32, (8, 8)), (64, 32, (16, 8)),
          (32, 32, (4, 8)), (32, 64, (8, 8))],
     128: [(32, 32, (8, 16)), (32, 32, (4, 16)), (32, 32, (8, 8)), (32, 32, (4, 8)),
           (16, 64, (4, 16)), (16, 64, (8, 16))],
-}
+}.items()}
 BACKWARD_CONFIGS = {
     64: [(32, 32, (8, 16)), (32, 32, (4, 16)), (32, 32, (8, 8)), (32, 32, (4, 8))],
     128: [(16, 16, (8, 16)), (16, 16, (4, 16)), (16, 16, (8, 8)), (16, 16, (4, 8))],
 }
 
 
-def _launch_forward(cfg, q, k, v, causal=False):
+def _launch_forward(cfg, q, k, v, causal=False, kernel="tiled"):
     bm, bn, threads = cfg
     bh, nq, d = q.shape
-    kern, tpb = forward_tiled.make_forward_kernel(bm, bn, d, causal, q.dtype, threads)
+    kern, tpb = FORWARD_MODULES[kernel].make_forward_kernel(bm, bn, d, causal, q.dtype, threads)
     out = arrays.empty_device(q.shape, q.dtype)
     lse = arrays.empty_device((bh, nq), q.dtype)
     kern[(ceil_div(nq, bm), bh), tpb](q, k, v, out, lse, q.dtype.type(1 / np.sqrt(d)), 1, 1)
@@ -48,12 +54,13 @@ def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False):
     return dq, dk, dv
 
 
-def _correct(cfg, d, which):
+def _correct(cfg, d, which, kernel):
     from numba import cuda
     case = Case("tune", 1, 2, 2, 77, 93, d, causal=True)
     q, k, v, dout = case.inputs(np.float32)
     dev = [cuda.to_device(x.reshape(2, x.shape[2], d)) for x in (q, k, v, dout)]
-    out, lse = _launch_forward(cfg if which == "fwd" else (32, 32, None), *dev[:3], causal=True)
+    out, lse = _launch_forward(cfg if which == "fwd" else (32, 32, None), *dev[:3], causal=True,
+                               kernel=kernel if which == "fwd" else "tiled")
     if which == "fwd":
         comps = check_forward(q, k, v, out.copy_to_host().reshape(q.shape),
                               lse.copy_to_host().reshape(q.shape[:-1]), causal=True)
@@ -64,10 +71,12 @@ def _correct(cfg, d, which):
     return all(c.ok for c in comps)
 
 
-def main(n=2048):
+def main(n=2048, forward=("tiled", "fa2"), backward_too=True):
+    """Print one line per configuration: forward kernels named in `forward`, then the backward."""
     from numba import cuda
-    print(f"numba-flash tune: tiled kernels at N={n}, B*N=16k, H=2048/d, float32")
-    print(f"{'kernel':<5} {'d':>4} {'block_m':>7} {'block_n':>7} {'TYxTX':>7} {'ok':>3} "
+    print(f"numba-flash tune: kernels {', '.join(forward)} (forward) at N={n}, B*N=16k, "
+          f"H=2048/d, float32")
+    print(f"{'kernel':<9} {'d':>4} {'block_m':>7} {'block_n':>7} {'TYxTX':>7} {'ok':>3} "
           f"{'ms':>8} {'TFLOP/s':>8}")
     rng = np.random.default_rng(0)
     for d in (64, 128):
@@ -75,20 +84,22 @@ def main(n=2048):
         q, k, v, dout = (cuda.to_device(rng.standard_normal((bh, n, d), dtype=np.float32))
                          for _ in range(4))
         flops = ref.forward_flops(n, n, d, False, bh)
-        for which, configs in (("fwd", FORWARD_CONFIGS[d]), ("bwd", BACKWARD_CONFIGS[d])):
+        jobs = [("fwd", name, FORWARD_CONFIGS[name, d]) for name in forward]
+        jobs += [("bwd", "tiled", BACKWARD_CONFIGS[d])] if backward_too else []
+        for which, name, configs in jobs:
             if which == "bwd":
                 out, lse = _launch_forward((32, 32, None) if d == 128 else (32, 64, None), q, k, v)
             for cfg in configs:
                 try:
-                    ok = _correct(cfg, d, which)
+                    ok = _correct(cfg, d, which, name)
                     if which == "fwd":
-                        ms = _median_ms(lambda: _launch_forward(cfg, q, k, v))
+                        ms = _median_ms(lambda: _launch_forward(cfg, q, k, v, kernel=name))
                         tf = flops / ms / 1e9
                     else:
                         ms = _median_ms(lambda: _launch_backward(cfg, dout, q, k, v, out, lse))
                         tf = 2.5 * flops / ms / 1e9
-                    print(f"{which:<5} {d:>4} {cfg[0]:>7} {cfg[1]:>7} {'%dx%d' % cfg[2]:>7} "
+                    print(f"{which + ' ' + name:<9} {d:>4} {cfg[0]:>7} {cfg[1]:>7} {'%dx%d' % cfg[2]:>7} "
                           f"{'yes' if ok else 'NO':>3} {ms:>8.2f} {tf:>8.1f}", flush=True)
                 except Exception as exc:
-                    print(f"{which:<5} {d:>4} {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
+                    print(f"{which + ' ' + name:<9} {d:>4} {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
     return 0

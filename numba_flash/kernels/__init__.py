@@ -14,7 +14,7 @@ block_m, block_n), launching whatever it needs on 3-D device arrays, plus defaul
 from dataclasses import dataclass
 from typing import Callable
 
-from . import backward, forward_rowwise, forward_tiled
+from . import backward, forward_fa2, forward_rowwise, forward_tiled
 
 
 @dataclass(frozen=True)
@@ -35,6 +35,7 @@ def register_forward(name, make_kernel, default_blocks):
 
 register_forward("rowwise", forward_rowwise.make_forward_kernel, forward_rowwise.default_blocks)
 register_forward("tiled", forward_tiled.make_forward_kernel, forward_tiled.default_blocks)
+register_forward("fa2", forward_fa2.make_forward_kernel, forward_fa2.default_blocks)
 
 DEFAULT_FORWARD = "tiled"
 

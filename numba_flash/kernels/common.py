@@ -61,3 +61,57 @@ NEG_INF = -math.inf
 # unsigned + unsigned unsigned, but unsigned + signed becomes signed (or float64 for 64-bit),
 # so every operand of an index expression must be unsigned.
 U = np.uint32
+
+# Dynamic shared memory. A block may use up to 227 KiB of shared memory on Hopper (H100/H200),
+# but only the first 48 KiB without an opt-in, and only when it is declared dynamic
+# (cuda.shared.array(0, T), sized at launch).
+DYNAMIC_SHARED_MEMORY_BYTES = 227 * 1024
+
+
+def check_dynamic_shared_memory(what, nbytes, hint):
+    """ValueError when a tile configuration needs more shared memory than a Hopper block has."""
+    if nbytes > DYNAMIC_SHARED_MEMORY_BYTES:
+        raise ValueError(
+            f"{what} needs {nbytes} bytes of shared memory per block, more than the "
+            f"{DYNAMIC_SHARED_MEMORY_BYTES} a block can have; {hint}")
+
+
+class DynamicSharedKernel:
+    """A kernel launched as kernel[grid, block](*args) with `nbytes` of dynamic shared memory.
+
+    Above 48 KiB, CUDA needs cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) on the compiled
+    function before its first launch, which numba-cuda 0.30 does not expose. We compile the
+    specialization for the arguments' types ourselves, set the attribute on its handle through
+    numba-cuda's driver binding (the same call numba-cuda makes for shared_memory_carveout),
+    then launch as usual. The simulator has no such limit and needs nothing.
+    """
+
+    def __init__(self, kernel, nbytes):
+        self.kernel = kernel
+        self.nbytes = int(nbytes)
+        self._opted_in = set()
+
+    def __getitem__(self, config):
+        grid, block = config
+
+        def launch(*args):
+            if self.nbytes > SHARED_MEMORY_BYTES and not _simulator():
+                self._opt_in(args)
+            self.kernel[grid, block, 0, self.nbytes](*args)
+        return launch
+
+    def _opt_in(self, args):
+        from numba.cuda.cudadrv.driver import binding, driver
+        sig = tuple(self.kernel.typeof_pyval(a) for a in args)
+        cufunc = self.kernel.compile(sig)._codelibrary.get_cufunc()
+        key = (sig, cufunc.device.id)
+        if key in self._opted_in:
+            return
+        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        driver.cuKernelSetAttribute(attr, self.nbytes, cufunc.handle, cufunc.device.id)
+        self._opted_in.add(key)
+
+
+def _simulator():
+    from numba import config
+    return bool(config.ENABLE_CUDASIM)

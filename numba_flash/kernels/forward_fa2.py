@@ -1,0 +1,278 @@
+"""Forward kernel, FA2 variant: the tiled kernel's thread tiles with FlashAttention-2's split of
+the work, vector shared-memory loads and tiles larger than 48 KiB.
+
+What changes against forward_tiled.py, and why:
+  * Each query row belongs to one warp (thread (ty, tx) owns rows ty + a*TY, and a warp holds
+    whole ty rows), so row statistics and P never leave the warp: the row max goes through a
+    small shared buffer with warp barriers only, P is written and read by the same warp, and l
+    is kept as per-thread partial sums (alpha is the same for the whole row) that are added up
+    once, at the end. Two block barriers per K/V tile instead of four.
+  * Shared-memory reads are 16-byte vectors (ld.shared.v4.f32): the S loop walks the head dim
+    four at a time along rows of Q and K, the PV loop four keys at a time along rows of P, and
+    each thread's O columns come in runs of four. Each vector load feeds 8 to 32 FMAs.
+  * The shared arrays are carved from one dynamic allocation, which may exceed the 48 KiB
+    Numba's static arrays are capped at (common.DynamicSharedKernel), so d = 128 can use
+    64 x 64 tiles.
+Rows of Q and K are padded by 4 elements so that the 8 lanes of a quarter-warp reading 8
+different rows at the same column hit 8 different groups of 4 banks.
+
+Per K/V tile:
+  1. all threads stage K and V; block barrier.
+  2. S = (scale Q) K^T in registers; masked entries -inf; each thread's partial row max into
+     the shared row buffer; warp barrier.
+  3. m_new = max(m, row max); alpha = exp(m - m_new); P = exp(S - m_new) into shared;
+     l = alpha l + rowsum(P) (partial); O *= alpha; warp barrier.
+  4. O += P V; block barrier (K and V are overwritten next).
+"""
+
+import functools
+import math
+
+import numpy as np
+
+from numba import cuda
+
+from .common import (NEG_INF, U, DynamicSharedKernel, ceil_div, check_block,
+                     check_dynamic_shared_memory, check_head_dim, kv_head, numba_type)
+
+CHUNK = 4          # elements per vector load (16 bytes in float32; float64 loads two v2)
+PAD = 4            # row padding of Q and K, in elements (see the module docstring)
+
+
+def _simulated():
+    from numba import config
+    return bool(config.ENABLE_CUDASIM)
+
+
+def thread_shape(block_m, block_n, head_dim, threads=None):
+    """(TY, TX): `threads` if given, else 8 rows of threads by TX = 16 along keys and head dim
+    (fewer where the head dim or block_n is small, so that little of a tile is padding)."""
+    if threads is not None:
+        return tuple(threads)
+    tx = 16
+    while tx > 1 and (tx * CHUNK >= 2 * head_dim or block_n % tx):
+        tx //= 2
+    return min(8, block_m), tx
+
+
+def _layout(block_m, block_n, head_dim, threads=None):
+    """Offsets (in elements) of Q, K, V, P and the row buffer inside the dynamic allocation."""
+    ty, tx = thread_shape(block_m, block_n, head_dim, threads)
+    d_pad = ceil_div(head_dim, CHUNK * tx) * CHUNK * tx
+    d_row, s_row = d_pad + PAD, block_n + PAD
+    sizes = dict(q=block_m * d_row, k=block_n * d_row, v=block_n * d_pad, p=block_m * s_row,
+                 r=block_m * ceil_div(tx, CHUNK) * CHUNK)
+    offsets, total = {}, 0
+    for name, size in sizes.items():
+        offsets[name] = total
+        total += size
+    return ty, tx, d_pad, d_row, s_row, offsets, total
+
+
+def shared_bytes(block_m, block_n, head_dim, item, threads=None):
+    """Bytes of dynamic shared memory one block uses."""
+    return item * _layout(block_m, block_n, head_dim, threads)[-1]
+
+
+def default_blocks(head_dim, dtype):
+    """(block_m, block_n): 64 x 64 where it fits in registers and shared memory, smaller for
+    large head dims (each thread holds block_m/8 rows of O: 8 x 16 values at d = 256) and in
+    float64."""
+    item = np.dtype(dtype).itemsize
+    choices = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16)) if head_dim <= 128 else \
+        ((32, 32), (32, 16), (16, 16))
+    for block_m, block_n in choices:
+        if item == 8 and block_m * block_n > 2048:
+            continue
+        if shared_bytes(block_m, block_n, head_dim, item) <= 160 * 1024:
+            return block_m, block_n
+    raise ValueError(f"no tile fits head dim {head_dim}")
+
+
+@functools.lru_cache(maxsize=None)
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
+    """Compile-time constants in, (launcher, threads_per_block) out. Launch as
+    launcher[grid, threads](q, k, v, out, lse, scale, heads, group) with grid
+    (ceil(Nq / block_m), B*H); the launcher adds the dynamic shared memory.
+    threads = (TY, TX) overrides the thread shape (TX must divide 32), for tuning."""
+    check_block("block_m", block_m, 256)
+    check_block("block_n", block_n, 256)
+    check_head_dim(head_dim)
+    T = numba_type(dtype)
+    item = T.bitwidth // 8
+    TY, TX, D_PAD, D_ROW, S_ROW, off, total = _layout(block_m, block_n, head_dim, threads)
+    if TX not in (1, 2, 4, 8, 16, 32) or TY * TX > 1024:
+        raise ValueError(f"fa2 forward needs TX dividing 32 (rows stay inside a warp) and at "
+                         f"most 1024 threads, got (TY, TX) = ({TY}, {TX})")
+    if block_m % TY or block_n % TX or block_n % CHUNK:
+        raise ValueError(f"fa2 forward needs block_m a multiple of {TY} and block_n a multiple "
+                         f"of {max(TX, CHUNK)}, got {block_m} and {block_n}")
+    check_dynamic_shared_memory(
+        f"fa2 forward with block_m={block_m}, block_n={block_n}, d={head_dim}", item * total,
+        "choose smaller blocks")
+    BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
+    TM, TN = BLOCK_M // TY, BLOCK_N // TX
+    TE = D_PAD // (CHUNK * TX)                       # runs of CHUNK O columns per thread
+    TD = TE * CHUNK
+    NT = TY * TX
+    Q_LOADS, KV_LOADS = ceil_div(BLOCK_M * D_PAD, NT), ceil_div(BLOCK_N * D_PAD, NT)
+    Q_EVEN, KV_EVEN = Q_LOADS * NT == BLOCK_M * D_PAD, KV_LOADS * NT == BLOCK_N * D_PAD
+    R_ROW = ceil_div(TX, CHUNK) * CHUNK
+    WARP_BARRIER = not _simulated()                  # the simulator has no syncwarp
+    ALIGN = None if _simulated() else 16             # the simulator rejects an alignment
+    uBM, uBN, uD, uDP, uDR, uSR, uRR, uNT, uTX, uTY = (
+        U(x) for x in (BLOCK_M, BLOCK_N, D, D_PAD, D_ROW, S_ROW, R_ROW, NT, TX, TY))
+    uQ, uK, uV, uP, uR = (U(off[x]) for x in "qkvpr")
+    uCH, uRUN = U(CHUNK), U(CHUNK * TX)
+
+    @cuda.jit
+    def forward_fa2(q, k, v, out, lse, scale, heads, group):
+        sm = cuda.shared.array(0, T, alignment=ALIGN)
+        bh = U(cuda.blockIdx.y)
+        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        tx = U(cuda.threadIdx.x)
+        ty = U(cuda.threadIdx.y)
+        tid = ty * uTX + tx
+        m0 = U(cuda.blockIdx.x) * uBM
+        nq, nk = U(q.shape[1]), U(k.shape[1])
+        # causal: key j visible to query i iff j <= i + nk - nq, i.e. j + nq <= i + nk
+
+        s = cuda.local.array((TM, TN), T)
+        o = cuda.local.array((TM, TD), T)
+        m = cuda.local.array(TM, T)              # running row max
+        l = cuda.local.array(TM, T)              # this thread's share of the running row sum
+        kk = cuda.local.array((TN, CHUNK), T)
+        vv = cuda.local.array((CHUNK, TD), T)
+
+        # Q tile, pre-multiplied by scale, zero outside the problem
+        for it in range(Q_LOADS):
+            idx = tid + U(it) * uNT
+            r = idx // uDP
+            c = idx % uDP
+            if Q_EVEN or r < uBM:
+                inside = m0 + r < nq and c < uD
+                sm[uQ + r * uDR + c] = q[bh, m0 + r, c] * T(scale) if inside else T(0.0)
+        for a in range(TM):
+            m[a] = T(NEG_INF)
+            l[a] = T(0.0)
+            for c in range(TD):
+                o[a, c] = T(0.0)
+
+        n_end = nk
+        if causal:                                 # no key past the block's last row
+            last = m0 + uBM + nk                   # keys j < last - nq are visible to some row
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        while n0 < n_end:
+            # 1. stage K and V (the barrier ending the previous tile made this safe)
+            for it in range(KV_LOADS):
+                idx = tid + U(it) * uNT
+                j = idx // uDP
+                c = idx % uDP
+                if KV_EVEN or j < uBN:
+                    inside = n0 + j < nk and c < uD
+                    sm[uK + j * uDR + c] = k[kv, n0 + j, c] if inside else T(0.0)
+                    sm[uV + j * uDP + c] = v[kv, n0 + j, c] if inside else T(0.0)
+            cuda.syncthreads()
+
+            # 2. S = Q K^T, CHUNK columns of the head dim at a time (vector loads)
+            for a in range(TM):
+                for b in range(TN):
+                    s[a, b] = T(0.0)
+            c = U(0)
+            while c < uDP:
+                for b in range(TN):
+                    base = uK + (tx + U(b) * uTX) * uDR + c
+                    for e in range(CHUNK):
+                        kk[b, e] = sm[base + U(e)]
+                for a in range(TM):
+                    base = uQ + (ty + U(a) * uTY) * uDR + c
+                    q0, q1, q2, q3 = sm[base], sm[base + U(1)], sm[base + U(2)], sm[base + U(3)]
+                    for b in range(TN):
+                        s[a, b] += q0 * kk[b, 0]
+                        s[a, b] += q1 * kk[b, 1]
+                        s[a, b] += q2 * kk[b, 2]
+                        s[a, b] += q3 * kk[b, 3]
+                c += uCH
+            for a in range(TM):
+                r = ty + U(a) * uTY
+                row_max = T(NEG_INF)
+                for b in range(TN):
+                    j = n0 + tx + U(b) * uTX
+                    if j >= nk or (causal and j + nq > m0 + r + nk):
+                        s[a, b] = T(NEG_INF)
+                    row_max = max(row_max, s[a, b])
+                sm[uR + r * uRR + tx] = row_max
+            if WARP_BARRIER:
+                cuda.syncwarp()
+            else:
+                cuda.syncthreads()
+
+            # 3. statistics (every thread of a row computes the same m_new), P, O *= alpha
+            for a in range(TM):
+                r = ty + U(a) * uTY
+                m_new = m[a]
+                for t in range(TX):
+                    m_new = max(m_new, sm[uR + r * uRR + U(t)])
+                # guard: while a row has seen no visible key, m stays -inf and alpha is moot
+                alpha = math.exp(m[a] - m_new) if m_new != T(NEG_INF) else T(0.0)
+                m_safe = m_new if m_new != T(NEG_INF) else T(0.0)
+                row_sum = T(0.0)
+                for b in range(TN):
+                    p = math.exp(s[a, b] - m_safe)
+                    sm[uP + r * uSR + tx + U(b) * uTX] = p
+                    row_sum += p
+                l[a] = alpha * l[a] + row_sum
+                m[a] = m_new
+                for c in range(TD):
+                    o[a, c] *= alpha
+            if WARP_BARRIER:
+                cuda.syncwarp()
+            else:
+                cuda.syncthreads()
+
+            # 4. O += P V, CHUNK keys at a time; this thread's columns are runs of CHUNK
+            j = U(0)
+            while j < uBN:
+                for jj in range(CHUNK):
+                    for e in range(TE):
+                        base = uV + (j + U(jj)) * uDP + U(e) * uRUN + tx * uCH
+                        for i in range(CHUNK):
+                            vv[jj, e * CHUNK + i] = sm[base + U(i)]
+                for a in range(TM):
+                    base = uP + (ty + U(a) * uTY) * uSR + j
+                    p0, p1, p2, p3 = sm[base], sm[base + U(1)], sm[base + U(2)], sm[base + U(3)]
+                    for c in range(TD):
+                        o[a, c] += p0 * vv[0, c]
+                        o[a, c] += p1 * vv[1, c]
+                        o[a, c] += p2 * vv[2, c]
+                        o[a, c] += p3 * vv[3, c]
+                j += uCH
+            cuda.syncthreads()
+            n0 += uBN
+
+        # l = sum of the row's partial sums; out = O / l; rows that saw no key give 0, -inf
+        for a in range(TM):
+            sm[uR + (ty + U(a) * uTY) * uRR + tx] = l[a]
+        if WARP_BARRIER:
+            cuda.syncwarp()
+        else:
+            cuda.syncthreads()
+        for a in range(TM):
+            r = ty + U(a) * uTY
+            i = m0 + r
+            if i < nq:
+                l_i = T(0.0)
+                for t in range(TX):
+                    l_i += sm[uR + r * uRR + U(t)]
+                inv_l = T(1.0) / l_i if l_i > T(0.0) else T(0.0)
+                for e in range(TE):
+                    for cc in range(CHUNK):
+                        col = U(e) * uRUN + tx * uCH + U(cc)
+                        if col < uD:
+                            out[bh, i, col] = o[a, e * CHUNK + cc] * inv_l
+                if tx == U(0):
+                    lse[bh, i] = m[a] + math.log(l_i) if l_i > T(0.0) else T(NEG_INF)
+
+    launcher = DynamicSharedKernel(forward_fa2, item * total)
+    return launcher, (TX, TY)
