@@ -18,10 +18,14 @@ from .kernels.common import ceil_div
 from .testing import Case, check_backward, check_forward
 
 FORWARD_MODULES = {"tiled": forward_tiled, "fa2": forward_fa2}
-FORWARD_CONFIGS = {("fa2", 64): [(64, 64, (8, 16)), (64, 32, (8, 16)), (128, 64, (16, 16)),
-                                 (128, 32, (16, 16)), (64, 64, (16, 16)), (32, 64, (4, 16))],
-                   ("fa2", 128): [(64, 64, (8, 16)), (64, 32, (8, 16)), (128, 32, (16, 16)),
-                                  (32, 64, (4, 16)), (128, 64, (16, 16)), (64, 32, (16, 16))]}
+# fa2 configurations carry a fourth entry, prefetch (None: the kernel's rule)
+FORWARD_CONFIGS = {("fa2", 64): [(64, 64, (8, 16), False), (64, 64, (8, 16), True),
+                                 (128, 64, (16, 16), False), (128, 64, (16, 16), True),
+                                 (128, 128, (16, 16), None)],
+                   ("fa2", 128): [(128, 64, (16, 16), False), (128, 64, (16, 16), True),
+                                  (128, 32, (16, 16), False), (128, 32, (16, 16), True),
+                                  (64, 64, (8, 16), False), (64, 64, (8, 16), True),
+                                  (128, 64, (32, 8), None)]}
 FORWARD_CONFIGS |= {("tiled", d): configs for d, configs in {
     64: [(32, 64, (8, 16)), (32, 64, (4, 16)), (64, 32, (8, 8)), (64, 32, (16, 8)),
          (32, 32, (4, 8)), (32, 64, (8, 8))],
@@ -35,9 +39,10 @@ BACKWARD_CONFIGS = {
 
 
 def _launch_forward(cfg, q, k, v, causal=False, kernel="tiled"):
-    bm, bn, threads = cfg
+    bm, bn, threads, *options = cfg
     bh, nq, d = q.shape
-    kern, tpb = FORWARD_MODULES[kernel].make_forward_kernel(bm, bn, d, causal, q.dtype, threads)
+    kern, tpb = FORWARD_MODULES[kernel].make_forward_kernel(bm, bn, d, causal, q.dtype, threads,
+                                                            *options)
     out = arrays.empty_device(q.shape, q.dtype)
     lse = arrays.empty_device((bh, nq), q.dtype)
     kern[(ceil_div(nq, bm), bh), tpb](q, k, v, out, lse, q.dtype.type(1 / np.sqrt(d)), 1, 1)
@@ -99,7 +104,7 @@ def main(n=2048, forward=("tiled", "fa2"), backward_too=True):
                         ms = _median_ms(lambda: _launch_backward(cfg, dout, q, k, v, out, lse))
                         tf = 2.5 * flops / ms / 1e9
                     print(f"{which + ' ' + name:<9} {d:>4} {cfg[0]:>7} {cfg[1]:>7} {'%dx%d' % cfg[2]:>7} "
-                          f"{'yes' if ok else 'NO':>3} {ms:>8.2f} {tf:>8.1f}", flush=True)
+                          f"{'yes' if ok else 'NO':>3} {ms:>8.2f} {tf:>8.1f} {cfg[3:] or ''}", flush=True)
                 except Exception as exc:
                     print(f"{which + ' ' + name:<9} {d:>4} {cfg}: {type(exc).__name__}: {str(exc)[:100]}")
     return 0

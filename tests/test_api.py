@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from numba_flash import flash_attention_backward, flash_attention_forward
-from numba_flash.kernels import backward, forward_rowwise, forward_tiled
+from numba_flash.kernels import backward, forward_fa2, forward_rowwise, forward_tiled
 
 
 def qkv(shape_q=(1, 2, 5, 4), shape_k=None, dtype=np.float32):
@@ -58,8 +58,12 @@ def test_unknown_kernel_and_blocks_that_cannot_fit():
         forward_tiled.make_forward_kernel(128, 128, 256, False, np.float32)
     with pytest.raises(ValueError, match="shared memory"):
         forward_rowwise.make_forward_kernel(64, 128, 256, False, np.float64)
+    with pytest.raises(ValueError, match="shared memory"):
+        forward_fa2.make_forward_kernel(128, 128, 128, False, np.float32)
     with pytest.raises(ValueError, match="multiple of"):
-        flash_attention_forward(*qkv(), block_m=12, block_n=16)
+        flash_attention_forward(*qkv(), block_m=12, block_n=16, kernel="tiled")
+    with pytest.raises(ValueError, match="block_n a multiple of 4"):
+        flash_attention_forward(*qkv(), block_m=16, block_n=6, kernel="fa2")
     with pytest.raises(ValueError, match="block_m must be an integer"):
         flash_attention_forward(*qkv(), block_m=0)
 
@@ -78,7 +82,7 @@ def test_backward_checks_out_and_lse():
 def test_default_blocks_fit_every_head_dim():
     for d in (1, 59, 64, 111, 128, 200, 256):
         for dtype in (np.float32, np.float64):
-            for module in (forward_tiled, forward_rowwise):
+            for module in (forward_tiled, forward_rowwise, forward_fa2):
                 bm, bn = module.default_blocks(d, np.dtype(dtype))
                 module.make_forward_kernel(bm, bn, d, True, np.dtype(dtype))  # raises if not
             bm, bn = backward.default_blocks(d, np.dtype(dtype))

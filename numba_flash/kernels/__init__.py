@@ -4,7 +4,9 @@
 A forward variant is a factory make_kernel(block_m, block_n, head_dim, causal, dtype) ->
 (kernel, threads_per_block), launched on grid (ceil(Nq / block_m), B*H) with arguments
 (q, k, v, out, lse, scale, heads, group) on 3-D arrays (B*H, N, d), plus default_blocks(head_dim,
-dtype) -> (block_m, block_n). To add one: copy forward_rowwise.py, change it, and call
+dtype) -> (block_m, block_n). The kernel is a Numba dispatcher or anything launched the same way,
+kernel[grid, threads](*args): common.DynamicSharedKernel wraps one that needs more than 48 KiB
+of shared memory (forward_fa2.py). To add one: copy forward_rowwise.py, change it, and call
 register_forward("my-name", module.make_forward_kernel, module.default_blocks).
 
 A backward variant is run(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
@@ -37,7 +39,7 @@ register_forward("rowwise", forward_rowwise.make_forward_kernel, forward_rowwise
 register_forward("tiled", forward_tiled.make_forward_kernel, forward_tiled.default_blocks)
 register_forward("fa2", forward_fa2.make_forward_kernel, forward_fa2.default_blocks)
 
-DEFAULT_FORWARD = "tiled"
+DEFAULT_FORWARD = "fa2"
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,9 @@ import numba
 import numpy as np
 from numba import cuda
 
+# Which numba.cuda this process imported (fixed at its first import): the simulator's or the GPU's.
+SIMULATOR = cuda.jit.__module__.startswith("numba.cuda.simulator")
+
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 MAX_HEAD_DIM = 256
 # Static shared memory per block. Numba declares shared arrays statically, and CUDA caps
@@ -95,7 +98,7 @@ class DynamicSharedKernel:
         grid, block = config
 
         def launch(*args):
-            if self.nbytes > SHARED_MEMORY_BYTES and not _simulator():
+            if self.nbytes > SHARED_MEMORY_BYTES and not SIMULATOR:
                 self._opt_in(args)
             self.kernel[grid, block, 0, self.nbytes](*args)
         return launch
@@ -110,8 +113,3 @@ class DynamicSharedKernel:
         attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         driver.cuKernelSetAttribute(attr, self.nbytes, cufunc.handle, cufunc.device.id)
         self._opted_in.add(key)
-
-
-def _simulator():
-    from numba import config
-    return bool(config.ENABLE_CUDASIM)

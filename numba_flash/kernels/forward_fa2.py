@@ -16,13 +16,14 @@ What changes against forward_tiled.py, and why:
 Rows of Q and K are padded by 4 elements so that the 8 lanes of a quarter-warp reading 8
 different rows at the same column hit 8 different groups of 4 banks.
 
-Per K/V tile:
-  1. all threads stage K and V; block barrier.
+Per K/V tile (the first one is staged before the loop):
+  1. issue the global loads of the next K and V tile into registers.
   2. S = (scale Q) K^T in registers; masked entries -inf; each thread's partial row max into
      the shared row buffer; warp barrier.
   3. m_new = max(m, row max); alpha = exp(m - m_new); P = exp(S - m_new) into shared;
      l = alpha l + rowsum(P) (partial); O *= alpha; warp barrier.
-  4. O += P V; block barrier (K and V are overwritten next).
+  4. O += P V; block barrier.
+  5. the next K and V from registers into shared memory; block barrier.
 """
 
 import functools
@@ -32,32 +33,34 @@ import numpy as np
 
 from numba import cuda
 
-from .common import (NEG_INF, U, DynamicSharedKernel, ceil_div, check_block,
-                     check_dynamic_shared_memory, check_head_dim, kv_head, numba_type)
+from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
+                     ceil_div, check_block, check_dynamic_shared_memory, check_head_dim, kv_head,
+                     numba_type)
 
+SM_SHARED_BYTES = 228 * 1024   # shared memory of one Hopper SM (H100, H200)
 CHUNK = 4          # elements per vector load (16 bytes in float32; float64 loads two v2)
 PAD = 4            # row padding of Q and K, in elements (see the module docstring)
 
 
-def _simulated():
-    from numba import config
-    return bool(config.ENABLE_CUDASIM)
-
-
-def thread_shape(block_m, block_n, head_dim, threads=None):
-    """(TY, TX): `threads` if given, else 8 rows of threads by TX = 16 along keys and head dim
-    (fewer where the head dim or block_n is small, so that little of a tile is padding)."""
+def thread_shape(block_m, block_n, head_dim, threads=None, item=4):
+    """(TY, TX): `threads` if given, else TX = 16 threads along keys and head dim (4 or 8 where
+    the head dim is small, so that little of a tile is padding; fewer if block_n is small) and TY = block_m / TM,
+    where each thread owns TM = 8 query rows (4 for d > 128 or float64, whose O accumulators
+    would not fit in registers)."""
     if threads is not None:
         return tuple(threads)
     tx = 16
-    while tx > 1 and (tx * CHUNK >= 2 * head_dim or block_n % tx):
+    while tx > 4 and tx * CHUNK >= 2 * head_dim:
         tx //= 2
-    return min(8, block_m), tx
+    while tx > 1 and block_n % tx:
+        tx //= 2
+    rows = 8 if head_dim <= 128 and item == 4 else 4
+    return max(1, block_m // rows), tx
 
 
-def _layout(block_m, block_n, head_dim, threads=None):
+def _layout(block_m, block_n, head_dim, threads=None, item=4):
     """Offsets (in elements) of Q, K, V, P and the row buffer inside the dynamic allocation."""
-    ty, tx = thread_shape(block_m, block_n, head_dim, threads)
+    ty, tx = thread_shape(block_m, block_n, head_dim, threads, item)
     d_pad = ceil_div(head_dim, CHUNK * tx) * CHUNK * tx
     d_row, s_row = d_pad + PAD, block_n + PAD
     sizes = dict(q=block_m * d_row, k=block_n * d_row, v=block_n * d_pad, p=block_m * s_row,
@@ -71,36 +74,42 @@ def _layout(block_m, block_n, head_dim, threads=None):
 
 def shared_bytes(block_m, block_n, head_dim, item, threads=None):
     """Bytes of dynamic shared memory one block uses."""
-    return item * _layout(block_m, block_n, head_dim, threads)[-1]
+    return item * _layout(block_m, block_n, head_dim, threads, item)[-1]
 
 
 def default_blocks(head_dim, dtype):
-    """(block_m, block_n): 64 x 64 where it fits in registers and shared memory, smaller for
-    large head dims (each thread holds block_m/8 rows of O: 8 x 16 values at d = 256) and in
-    float64."""
+    """(block_m, block_n), chosen by `numba-flash tune` on an H200 (2026-11-29, N = 2048,
+    float32): d = 64 ran 28.2 TFLOP/s with (128, 128), d = 128 30.6 with (128, 64), both with
+    16 x 16 threads and the prefetch; smaller tiles for larger d and for float64."""
     item = np.dtype(dtype).itemsize
-    choices = ((64, 64), (64, 32), (32, 32), (32, 16), (16, 16)) if head_dim <= 128 else \
-        ((32, 32), (32, 16), (16, 16))
-    for block_m, block_n in choices:
-        if item == 8 and block_m * block_n > 2048:
-            continue
-        if shared_bytes(block_m, block_n, head_dim, item) <= 160 * 1024:
+    if item == 4:
+        choices = ((64, 32),) if head_dim <= 16 else ((64, 64),) if head_dim <= 32 else \
+            ((128, 128),) if head_dim <= 64 else ((128, 64),) if head_dim <= 128 else ((64, 32),)
+    else:
+        choices = ((64, 32),) if head_dim <= 128 else ((32, 32),)
+    for block_m, block_n in choices + ((32, 32), (16, 16)):
+        if shared_bytes(block_m, block_n, head_dim, item) <= DYNAMIC_SHARED_MEMORY_BYTES:
             return block_m, block_n
     raise ValueError(f"no tile fits head dim {head_dim}")
 
 
 @functools.lru_cache(maxsize=None)
-def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, prefetch=None):
     """Compile-time constants in, (launcher, threads_per_block) out. Launch as
     launcher[grid, threads](q, k, v, out, lse, scale, heads, group) with grid
     (ceil(Nq / block_m), B*H); the launcher adds the dynamic shared memory.
-    threads = (TY, TX) overrides the thread shape (TX must divide 32), for tuning."""
+    threads = (TY, TX) overrides the thread shape (TX must divide 32), for tuning.
+    prefetch: load the next K/V tile into registers while this one is computed. By default on
+    when a block needs more than half an SM's shared memory (no second block on the SM then
+    hides the loads) and the registers allow it: it costs 2 * block_n * d / threads registers
+    per thread, on top of the S and O accumulators; 160 of the 255 for both is what compiled
+    without spills (ptxas -v, sm_90)."""
     check_block("block_m", block_m, 256)
     check_block("block_n", block_n, 256)
     check_head_dim(head_dim)
     T = numba_type(dtype)
     item = T.bitwidth // 8
-    TY, TX, D_PAD, D_ROW, S_ROW, off, total = _layout(block_m, block_n, head_dim, threads)
+    TY, TX, D_PAD, D_ROW, S_ROW, off, total = _layout(block_m, block_n, head_dim, threads, item)
     if TX not in (1, 2, 4, 8, 16, 32) or TY * TX > 1024:
         raise ValueError(f"fa2 forward needs TX dividing 32 (rows stay inside a warp) and at "
                          f"most 1024 threads, got (TY, TX) = ({TY}, {TX})")
@@ -116,14 +125,33 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None)
     TD = TE * CHUNK
     NT = TY * TX
     Q_LOADS, KV_LOADS = ceil_div(BLOCK_M * D_PAD, NT), ceil_div(BLOCK_N * D_PAD, NT)
+    if prefetch is None:
+        words = item // 4
+        prefetch = (item * total > SM_SHARED_BYTES // 2
+                    and words * (TM * TN + TM * TD + 2 * KV_LOADS) <= 160)
+    PREFETCH = bool(prefetch)
     Q_EVEN, KV_EVEN = Q_LOADS * NT == BLOCK_M * D_PAD, KV_LOADS * NT == BLOCK_N * D_PAD
+    NEXT = KV_LOADS if PREFETCH else 1
     R_ROW = ceil_div(TX, CHUNK) * CHUNK
-    WARP_BARRIER = not _simulated()                  # the simulator has no syncwarp
-    ALIGN = None if _simulated() else 16             # the simulator rejects an alignment
+    WARP_BARRIER = not SIMULATOR                     # the simulator has no syncwarp
+    ALIGN = None if SIMULATOR else 16                # the simulator rejects an alignment
     uBM, uBN, uD, uDP, uDR, uSR, uRR, uNT, uTX, uTY = (
         U(x) for x in (BLOCK_M, BLOCK_N, D, D_PAD, D_ROW, S_ROW, R_ROW, NT, TX, TY))
     uQ, uK, uV, uP, uR = (U(off[x]) for x in "qkvpr")
     uCH, uRUN = U(CHUNK), U(CHUNK * TX)
+
+    @cuda.jit(device=True)
+    def slot(it, tid):
+        """(row, column) of the it-th element this thread stages of a tile with D_PAD columns."""
+        idx = tid + U(it) * uNT
+        return idx // uDP, idx % uDP
+
+    @cuda.jit(device=True)
+    def element(src, head, row0, r, c, mult):
+        """mult * src[head, row0 + r, c], zero past the rows of src or past the head dim."""
+        if row0 + r < U(src.shape[1]) and c < uD:
+            return src[head, row0 + r, c] * mult
+        return T(0.0)
 
     @cuda.jit
     def forward_fa2(q, k, v, out, lse, scale, heads, group):
@@ -143,15 +171,14 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None)
         l = cuda.local.array(TM, T)              # this thread's share of the running row sum
         kk = cuda.local.array((TN, CHUNK), T)
         vv = cuda.local.array((CHUNK, TD), T)
+        k_next = cuda.local.array(NEXT, T)       # this thread's share of the next K/V tile
+        v_next = cuda.local.array(NEXT, T)
 
         # Q tile, pre-multiplied by scale, zero outside the problem
         for it in range(Q_LOADS):
-            idx = tid + U(it) * uNT
-            r = idx // uDP
-            c = idx % uDP
+            r, c = slot(it, tid)
             if Q_EVEN or r < uBM:
-                inside = m0 + r < nq and c < uD
-                sm[uQ + r * uDR + c] = q[bh, m0 + r, c] * T(scale) if inside else T(0.0)
+                sm[uQ + r * uDR + c] = element(q, bh, m0, r, c, T(scale))
         for a in range(TM):
             m[a] = T(NEG_INF)
             l[a] = T(0.0)
@@ -162,18 +189,25 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None)
         if causal:                                 # no key past the block's last row
             last = m0 + uBM + nk                   # keys j < last - nq are visible to some row
             n_end = min(nk, last - nq) if last > nq else U(0)
+        # the first K/V tile goes straight to shared memory (later ones too without PREFETCH)
         n0 = U(0)
-        while n0 < n_end:
-            # 1. stage K and V (the barrier ending the previous tile made this safe)
+        if n0 < n_end:
             for it in range(KV_LOADS):
-                idx = tid + U(it) * uNT
-                j = idx // uDP
-                c = idx % uDP
+                j, c = slot(it, tid)
                 if KV_EVEN or j < uBN:
-                    inside = n0 + j < nk and c < uD
-                    sm[uK + j * uDR + c] = k[kv, n0 + j, c] if inside else T(0.0)
-                    sm[uV + j * uDP + c] = v[kv, n0 + j, c] if inside else T(0.0)
-            cuda.syncthreads()
+                    sm[uK + j * uDR + c] = element(k, kv, n0, j, c, T(1.0))
+                    sm[uV + j * uDP + c] = element(v, kv, n0, j, c, T(1.0))
+        cuda.syncthreads()
+        while n0 < n_end:
+            # 1. issue the loads of the next K/V tile into registers; they land while this
+            # tile is computed (one block per SM leaves no other block to hide them behind)
+            n1 = n0 + uBN
+            if PREFETCH and n1 < n_end:
+                for it in range(KV_LOADS):
+                    j, c = slot(it, tid)
+                    if KV_EVEN or j < uBN:
+                        k_next[it] = element(k, kv, n1, j, c, T(1.0))
+                        v_next[it] = element(v, kv, n1, j, c, T(1.0))
 
             # 2. S = Q K^T, CHUNK columns of the head dim at a time (vector loads)
             for a in range(TM):
@@ -248,8 +282,21 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None)
                         o[a, c] += p2 * vv[2, c]
                         o[a, c] += p3 * vv[3, c]
                 j += uCH
-            cuda.syncthreads()
-            n0 += uBN
+            cuda.syncthreads()                     # every warp is done with K, V and P
+
+            # 5. the next tile into shared memory, from registers or straight from memory
+            if n1 < n_end:
+                for it in range(KV_LOADS):
+                    j, c = slot(it, tid)
+                    if KV_EVEN or j < uBN:
+                        if PREFETCH:
+                            sm[uK + j * uDR + c] = k_next[it]
+                            sm[uV + j * uDP + c] = v_next[it]
+                        else:
+                            sm[uK + j * uDR + c] = element(k, kv, n1, j, c, T(1.0))
+                            sm[uV + j * uDP + c] = element(v, kv, n1, j, c, T(1.0))
+                cuda.syncthreads()
+            n0 = n1
 
         # l = sum of the row's partial sums; out = O / l; rows that saw no key give 0, -inf
         for a in range(TM):

@@ -24,6 +24,7 @@ REGIMES = ("ordinary", "huge", "dominant key", "all equal", "row offsets", "near
 TILES = {  # (block_m, block_n) candidates per kernel; invalid ones for d/dtype are filtered out
     "rowwise": ((64, 4), (64, 8), (32, 16), (64, 32), (16, 64)),
     "forward": ((8, 16), (16, 16), (16, 32), (32, 32), (32, 64), (64, 32), (64, 16)),
+    "fa2": ((16, 16), (32, 16), (16, 32), (32, 32), (64, 32), (32, 64), (8, 8)),
     "backward": ((8, 8), (8, 16), (16, 16), (16, 32), (32, 32)),
 }
 
@@ -34,9 +35,10 @@ def tiles_for(kind, kernel):
     A mutant draws the tiles of the kernel it was made from."""
     if kernel.startswith("mutant: "):
         from .mutants import MUTANTS
-        kernel = "rowwise" if MUTANTS[kernel[len("mutant: "):]].module == "forward_rowwise" else "tiled"
-    if kind == "forward" and kernel == "rowwise":
-        return "rowwise"
+        module = MUTANTS[kernel[len("mutant: "):]].module
+        kernel = {"forward_rowwise": "rowwise", "forward_fa2": "fa2"}.get(module, "tiled")
+    if kind == "forward" and kernel in ("rowwise", "fa2"):
+        return kernel
     return kind if kernel == "tiled" else None
 
 
@@ -117,7 +119,7 @@ def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
 
 def valid_tiles(kind, d, dtype):
     """Tile candidates of TILES[kind] that the kernel factories accept for (d, dtype)."""
-    from ..kernels import backward, forward_rowwise, forward_tiled
+    from ..kernels import backward, forward_fa2, forward_rowwise, forward_tiled
     out = []
     for bm, bn in TILES[kind]:
         try:
@@ -125,6 +127,8 @@ def valid_tiles(kind, d, dtype):
                 forward_rowwise.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
             elif kind == "forward":
                 forward_tiled.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
+            elif kind == "fa2":
+                forward_fa2.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
             else:
                 backward.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype))
             out.append((bm, bn))
