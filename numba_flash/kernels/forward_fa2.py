@@ -131,11 +131,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                     and words * (TM * TN + TM * TD + 2 * KV_LOADS) <= 160)
     PREFETCH = bool(prefetch)
     Q_EVEN, KV_EVEN = Q_LOADS * NT == BLOCK_M * D_PAD, KV_LOADS * NT == BLOCK_N * D_PAD
-    # Global loads are issued in batches before their stores to shared memory: one load and
-    # its store at a time waits a full memory latency per element, which at N = 1024 cost
-    # about a fifth of the run time (mostly staging Q, which no other block has read into L2).
-    Q_BATCH, KV_BATCH = math.gcd(Q_LOADS, 8), math.gcd(KV_LOADS, 8)
-    NEXT = KV_LOADS if PREFETCH else KV_BATCH       # K/V elements held in registers at once
+    NEXT = KV_LOADS if PREFETCH else 1
     R_ROW = ceil_div(TX, CHUNK) * CHUNK
     WARP_BARRIER = not SIMULATOR                     # the simulator has no syncwarp
     ALIGN = None if SIMULATOR else 16                # the simulator rejects an alignment
@@ -157,31 +153,6 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
             return src[head, row0 + r, c] * mult
         return T(0.0)
 
-    @cuda.jit(device=True)
-    def load_kv(k, v, kv, n_base, tid, first, k_buf, v_buf):
-        """Elements first .. first + NEXT - 1 of this thread's share of the K/V tile starting
-        at key n_base, into registers, issued back to back so that their latencies overlap."""
-        for i in range(NEXT):
-            j, c = slot(first + U(i), tid)
-            k_buf[i] = element(k, kv, n_base, j, c, T(1.0))
-            v_buf[i] = element(v, kv, n_base, j, c, T(1.0))
-
-    @cuda.jit(device=True)
-    def store_kv(sm, tid, first, k_buf, v_buf):
-        """The registers load_kv filled, into the K and V tiles in shared memory."""
-        for i in range(NEXT):
-            j, c = slot(first + U(i), tid)
-            if KV_EVEN or j < uBN:
-                sm[uK + j * uDR + c] = k_buf[i]
-                sm[uV + j * uDP + c] = v_buf[i]
-
-    @cuda.jit(device=True)
-    def stage_kv(k, v, kv, n_base, tid, sm, k_buf, v_buf):
-        """The K/V tile starting at key n_base, from memory into shared memory."""
-        for g in range(KV_LOADS // NEXT):
-            load_kv(k, v, kv, n_base, tid, U(g * NEXT), k_buf, v_buf)
-            store_kv(sm, tid, U(g * NEXT), k_buf, v_buf)
-
     @cuda.jit
     def forward_fa2(q, k, v, out, lse, scale, heads, group):
         sm = cuda.shared.array(0, T, alignment=ALIGN)
@@ -200,19 +171,14 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         l = cuda.local.array(TM, T)              # this thread's share of the running row sum
         kk = cuda.local.array((TN, CHUNK), T)
         vv = cuda.local.array((CHUNK, TD), T)
-        q_buf = cuda.local.array(Q_BATCH, T)
         k_next = cuda.local.array(NEXT, T)       # this thread's share of the next K/V tile
         v_next = cuda.local.array(NEXT, T)
 
         # Q tile, pre-multiplied by scale, zero outside the problem
-        for g in range(Q_LOADS // Q_BATCH):
-            for i in range(Q_BATCH):
-                r, c = slot(g * Q_BATCH + i, tid)
-                q_buf[i] = element(q, bh, m0, r, c, T(scale))
-            for i in range(Q_BATCH):
-                r, c = slot(g * Q_BATCH + i, tid)
-                if Q_EVEN or r < uBM:
-                    sm[uQ + r * uDR + c] = q_buf[i]
+        for it in range(Q_LOADS):
+            r, c = slot(it, tid)
+            if Q_EVEN or r < uBM:
+                sm[uQ + r * uDR + c] = element(q, bh, m0, r, c, T(scale))
         for a in range(TM):
             m[a] = T(NEG_INF)
             l[a] = T(0.0)
@@ -226,14 +192,22 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         # the first K/V tile goes straight to shared memory (later ones too without PREFETCH)
         n0 = U(0)
         if n0 < n_end:
-            stage_kv(k, v, kv, n0, tid, sm, k_next, v_next)
+            for it in range(KV_LOADS):
+                j, c = slot(it, tid)
+                if KV_EVEN or j < uBN:
+                    sm[uK + j * uDR + c] = element(k, kv, n0, j, c, T(1.0))
+                    sm[uV + j * uDP + c] = element(v, kv, n0, j, c, T(1.0))
         cuda.syncthreads()
         while n0 < n_end:
             # 1. issue the loads of the next K/V tile into registers; they land while this
             # tile is computed (one block per SM leaves no other block to hide them behind)
             n1 = n0 + uBN
             if PREFETCH and n1 < n_end:
-                load_kv(k, v, kv, n1, tid, U(0), k_next, v_next)
+                for it in range(KV_LOADS):
+                    j, c = slot(it, tid)
+                    if KV_EVEN or j < uBN:
+                        k_next[it] = element(k, kv, n1, j, c, T(1.0))
+                        v_next[it] = element(v, kv, n1, j, c, T(1.0))
 
             # 2. S = Q K^T, CHUNK columns of the head dim at a time (vector loads)
             for a in range(TM):
@@ -312,10 +286,15 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
 
             # 5. the next tile into shared memory, from registers or straight from memory
             if n1 < n_end:
-                if PREFETCH:
-                    store_kv(sm, tid, U(0), k_next, v_next)
-                else:
-                    stage_kv(k, v, kv, n1, tid, sm, k_next, v_next)
+                for it in range(KV_LOADS):
+                    j, c = slot(it, tid)
+                    if KV_EVEN or j < uBN:
+                        if PREFETCH:
+                            sm[uK + j * uDR + c] = k_next[it]
+                            sm[uV + j * uDP + c] = v_next[it]
+                        else:
+                            sm[uK + j * uDR + c] = element(k, kv, n1, j, c, T(1.0))
+                            sm[uV + j * uDP + c] = element(v, kv, n1, j, c, T(1.0))
                 cuda.syncthreads()
             n0 = n1
 
