@@ -24,3 +24,11 @@ def test_fuzz_cli_exits_zero_when_nothing_fails(tmp_path, capsys):
     out = capsys.readouterr().out
     assert rc == 0 and "0 failed" in out and "Worst error / allowed" in out
     assert not list(tmp_path.iterdir())
+
+
+def test_fuzz_stops_at_its_deadline(tmp_path):
+    # a deadline already past: no example may run (on the H200 a batch of ten slow examples
+    # once ran 25 s past --seconds, when the deadline was checked between batches only)
+    outcomes, failures, paths = campaign.fuzz("simulator", seconds=1e-9, directory=str(tmp_path),
+                                              progress=False, properties=["backward agrees"])
+    assert outcomes == [] and failures == [] and paths == []

@@ -24,10 +24,11 @@ def pairs(properties=None):
 
 
 def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="auto",
-           **settings_kw):
+           should_stop=None, **settings_kw):
     """Run Hypothesis on one property for one kernel. Failing examples raise AssertionError
     (with the comparison report) unless raise_on_failure is False; every outcome is passed to
     on_outcome. tiles: which strategies.TILES list to draw from ("auto": by kernel name).
+    should_stop() -> True makes the remaining examples return without running (a deadline).
     settings_kw override the loaded profile (e.g. max_examples)."""
     func, kind, prop_tiles = PROPERTIES[prop]
     if tiles == "auto":
@@ -35,6 +36,8 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
 
     @given(problems(size=size, tiles=tiles))
     def run(p):
+        if should_stop is not None and should_stop():
+            return                      # past the deadline: Problems are drawn lazily, cheap
         outcome = func(kernel, p)
         assume(outcome is not None)
         target(min(outcome.worst, 1e6), label=f"{prop}: error / allowed")
@@ -72,8 +75,8 @@ def load_reproducer(path):
 def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=True,
          properties=None):
     """Run every (property, kernel) pair (of `properties`, default all): `examples` each, or
-    batches of 10 round-robin until `seconds` have passed. Returns (outcomes, failures,
-    reproducer paths)."""
+    batches of 10 round-robin until `seconds` have passed (checked before every example, so a
+    slow example overruns by itself only). Returns (outcomes, failures, reproducer paths)."""
     from tqdm import tqdm
     todo = pairs(properties)
     outcomes, failures, paths = [], [], []
@@ -88,13 +91,17 @@ def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=Tr
             paths.append(save_reproducer(outcome, directory))
 
     start = time.time()
+
+    def past_deadline():
+        return bool(seconds) and time.time() - start > seconds
+
     while True:
         for prop, kernel in todo:
             search(prop, kernel, size, on_outcome=record, raise_on_failure=False,
-                   max_examples=examples or 10)
-            if seconds and time.time() - start > seconds:
+                   max_examples=examples or 10, should_stop=past_deadline)
+            if past_deadline():
                 break
-        if not seconds or time.time() - start > seconds:
+        if not seconds or past_deadline():
             break
     bar.close()
     return outcomes, failures, paths
