@@ -1,11 +1,13 @@
 # %% [markdown]
 # # 6. Performance
 #
-# **Claim** (H200, float32, 2026-11-29, `numba-flash bench`): the tiled forward beats torch's
-# math backend at every N ≥ 1024 at d = 64 (not causal and causal) and under causal masking at
-# d = 128, but not at d = 128 without masking; forward+backward is behind torch math except
-# under causal masking at d = 64 from N = 2048 on (a tie at 1024); torch's efficient kernel is ahead everywhere. The JSON in
-# `notebooks/data` holds every figure with its date, GPU and versions.
+# **Claim** (H200, float32, 2026-11-29, `numba-flash bench`): the `fa2` forward (the default)
+# beats torch's math backend at every N ≥ 1024 at d = 64 (not causal and causal) and under
+# causal masking at d = 128; at d = 128 without masking it wins from N = 2048 and ties at 1024
+# (within 1 %). It is 1.05–1.9× the `tiled` forward it grew from. Forward+backward (fa2 forward,
+# tiled backward) is behind torch math except under causal masking at d = 64, where it wins
+# from N = 1024. torch's efficient kernel is ahead everywhere. The JSON in `notebooks/data`
+# holds every figure with its date, GPU and versions.
 
 # %%
 import json
@@ -14,7 +16,7 @@ import pathlib
 import matplotlib.pyplot as plt
 
 base = pathlib.Path("notebooks/data") if pathlib.Path("notebooks/data").exists() else pathlib.Path("data")
-data = json.loads((base / "bench-h200-2026-11-29.json").read_text())
+data = json.loads((base / "bench-h200-2026-11-29-fa2.json").read_text())
 env, records = data["environment"], data["records"]
 print(env)
 
@@ -45,15 +47,25 @@ plt.show()
 assert env["gpu"] == "NVIDIA H200" and env["date"].startswith("2026-11-29")
 
 
-def beats(mode, d, causal, from_n=1024):
-    ours, peer = dict(curve("numba-flash tiled", mode, d, causal)), dict(curve("torch math", mode, d, causal))
-    return all(ours[n] > peer[n] for n in ours if n >= from_n and n in peer)
+def ratios(mode, d, causal, ours="numba-flash fa2", peer="torch math", from_n=1024):
+    """ours / peer TFLOP/s at every N >= from_n both have."""
+    a, b = dict(curve(ours, mode, d, causal)), dict(curve(peer, mode, d, causal))
+    return {n: a[n] / b[n] for n in a if n >= from_n and n in b}
+
+
+def beats(mode, d, causal, from_n=1024, **kw):
+    return all(r > 1 for r in ratios(mode, d, causal, from_n=from_n, **kw).values())
 
 
 assert beats("fwd", 64, False) and beats("fwd", 64, True) and beats("fwd", 128, True)
-assert not beats("fwd", 128, False) and not beats("fwd+bwd", 64, False)
-assert not beats("fwd+bwd", 128, False) and not beats("fwd+bwd", 128, True)
-assert beats("fwd+bwd", 64, True, from_n=2048) and not beats("fwd+bwd", 64, True)
-eff = dict(curve("torch efficient", "fwd", 64, False))
-assert all(eff[n] > t for n, t in curve("numba-flash tiled", "fwd", 64, False))
+assert beats("fwd", 128, False, from_n=2048) and abs(ratios("fwd", 128, False)[1024] - 1) < 0.01
+gain = [r for d in (64, 128) for c in (False, True)
+        for r in ratios("fwd", d, c, peer="numba-flash tiled", from_n=512).values()]
+assert 1.05 < min(gain) and max(gain) < 2.0, gain
+assert beats("fwd+bwd", 64, True)
+assert not beats("fwd+bwd", 64, False) and not beats("fwd+bwd", 128, False)
+assert not beats("fwd+bwd", 128, True)
+for d in (64, 128):
+    for c in (False, True):
+        assert not any(r > 1 for r in ratios("fwd", d, c, peer="torch efficient", from_n=512).values())
 print("claim holds")
