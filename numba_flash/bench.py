@@ -19,7 +19,7 @@ import reference as ref
 
 from . import arrays
 from .api import flash_attention_backward, flash_attention_forward
-from .kernels import DEFAULT_FORWARD, FORWARD
+from .kernels import BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD
 
 QUICK_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024) for c in (False, True)]
 FULL_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024, 2048, 4096, 8192, 16384)
@@ -45,13 +45,13 @@ def _median_ms(fn, min_seconds=0.3, max_reps=10):
     return float(np.median(times))
 
 
-def _numba_flash(kernel):
+def _numba_flash(kernel, backward=DEFAULT_BACKWARD):
     def fwd(q, k, v, causal):
         return flash_attention_forward(q, k, v, causal=causal, kernel=kernel)
 
     def fwd_bwd(q, k, v, causal, dout):
         out, lse = flash_attention_forward(q, k, v, causal=causal, kernel=kernel)
-        return flash_attention_backward(dout, q, k, v, out, lse, causal=causal)
+        return flash_attention_backward(dout, q, k, v, out, lse, causal=causal, kernel=backward)
     return fwd, fwd_bwd
 
 
@@ -93,6 +93,9 @@ def implementations():
     for name in sorted(FORWARD):          # every registered forward variant; fwd+bwd with the
         fwd, fwd_bwd = _numba_flash(name)  # default one (the backward is shared)
         impls[f"numba-flash {name}"] = (fwd, fwd_bwd if name == DEFAULT_FORWARD else None, "device")
+    for name in sorted(set(BACKWARD) - {DEFAULT_BACKWARD}):   # other backward variants: fwd+bwd
+        impls[f"numba-flash {DEFAULT_FORWARD}, backward {name}"] = (     # with the default forward
+            None, _numba_flash(DEFAULT_FORWARD, name)[1], "device")
     try:
         import cupy  # noqa: F401
         impls["cupy standard"] = (_cupy_standard, None, "cupy")
@@ -249,7 +252,9 @@ def table(records):
             continue
         names = [i for i in impls if any(r["impl"] == i for r in rows)]
         lines.append(f"\n{mode} TFLOP/s (peak extra GB at the largest N)")
-        lines.append(f"{'d':>4} {'causal':>6} {'N':>6} " + " ".join(f"{n:>20}" for n in names))
+        widths = [max(20, len(n)) for n in names]
+        lines.append(f"{'d':>4} {'causal':>6} {'N':>6} " + " ".join(f"{n:>{w}}" for n, w in
+                                                                 zip(names, widths)))
         keys = sorted({(r["d"], r["causal"], r["N"]) for r in rows})
         for d, c, n in keys:
             cells = []
@@ -262,7 +267,8 @@ def table(records):
                     cells.append(r["error"].split(":")[0][:20])
                 else:
                     cells.append(f"{r['tflops']:.1f} ({r['peak_bytes'] / 1e9:.2f} GB)")
-            lines.append(f"{d:>4} {str(c):>6} {n:>6} " + " ".join(f"{x:>20}" for x in cells))
+            lines.append(f"{d:>4} {str(c):>6} {n:>6} " + " ".join(f"{x:>{w}}" for x, w in
+                                                                   zip(cells, widths)))
     return "\n".join(lines)
 
 

@@ -22,7 +22,8 @@ def main(argv=None):
     tune = sub.add_parser("tune", help="time the kernels over tile and thread shapes")
     tune.add_argument("--forward", nargs="+", default=["tiled", "fa2"], metavar="KERNEL",
                       help="forward kernels to tune (tiled, fa2)")
-    tune.add_argument("--no-backward", action="store_true", help="tune the forward only")
+    tune.add_argument("--backward", nargs="*", default=["tiled", "fa2"], metavar="KERNEL",
+                      help="backward kernels to tune (tiled, fa2; none: forward only)")
     p_fuzz = sub.add_parser("fuzz", help="run the properties as a campaign; save failures")
     p_fuzz.add_argument("--profile", choices=("ci", "dev", "gpu", "nightly"), default=None,
                         help="Hypothesis profile (default: dev on the simulator, gpu on a GPU)")
@@ -32,6 +33,8 @@ def main(argv=None):
     p_fuzz.add_argument("--out", default="reproducers", help="folder for reproducer files")
     p_fuzz.add_argument("--property", action="append", dest="properties", metavar="NAME",
                         help="run only this property (repeatable); default all")
+    p_fuzz.add_argument("--kernel", action="append", dest="kernels", metavar="NAME",
+                        help="run only this registered kernel (repeatable); default all")
     p_replay = sub.add_parser("replay", help="re-run one reproducer file and compare")
     p_replay.add_argument("file")
     args = parser.parse_args(argv)
@@ -56,7 +59,7 @@ def main(argv=None):
             print("numba-flash tune needs a CUDA GPU; none was found", file=sys.stderr)
             return 2
         from . import tune
-        return tune.main(forward=tuple(args.forward), backward_too=not args.no_backward)
+        return tune.main(forward=tuple(args.forward), backward=tuple(args.backward))
     return 2
 
 
@@ -77,8 +80,17 @@ def fuzz(args):
         print(f"unknown properties {sorted(unknown)}; choose from {sorted(PROPERTIES)}",
               file=sys.stderr)
         return 2
+    from .kernels import BACKWARD, FORWARD
+    unknown = set(args.kernels or ()) - set(FORWARD) - set(BACKWARD)
+    if unknown:
+        print(f"unknown kernels {sorted(unknown)}; forward {sorted(FORWARD)}, backward "
+              f"{sorted(BACKWARD)}", file=sys.stderr)
+        return 2
+    if not campaign.pairs(args.properties, args.kernels):
+        print("no (property, kernel) pair matches; nothing to run", file=sys.stderr)
+        return 2
     outcomes, failures, paths = campaign.fuzz(size, examples, args.seconds, args.out,
-                                              properties=args.properties)
+                                              properties=args.properties, kernels=args.kernels)
     worst = sorted(outcomes, key=lambda o: -o.worst)[:8]
     print(f"\n{len(outcomes)} examples, {len(failures)} failed. Worst error / allowed:")
     for o in worst:

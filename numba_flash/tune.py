@@ -13,7 +13,7 @@ import reference as ref
 
 from . import arrays
 from .bench import _median_ms
-from .kernels import backward, forward_fa2, forward_tiled
+from .kernels import backward, backward_fa2, forward_fa2, forward_tiled
 from .kernels.common import ceil_div
 from .testing import Case, check_backward, check_forward
 
@@ -32,9 +32,14 @@ FORWARD_CONFIGS |= {("tiled", d): configs for d, configs in {
     128: [(32, 32, (8, 16)), (32, 32, (4, 16)), (32, 32, (8, 8)), (32, 32, (4, 8)),
           (16, 64, (4, 16)), (16, 64, (8, 16))],
 }.items()}
+BACKWARD_MODULES = {"tiled": backward, "fa2": backward_fa2}
 BACKWARD_CONFIGS = {
-    64: [(32, 32, (8, 16)), (32, 32, (4, 16)), (32, 32, (8, 8)), (32, 32, (4, 8))],
-    128: [(16, 16, (8, 16)), (16, 16, (4, 16)), (16, 16, (8, 8)), (16, 16, (4, 8))],
+    ("tiled", 64): [(32, 32, (8, 16)), (32, 32, (4, 16)), (32, 32, (8, 8)), (32, 32, (4, 8))],
+    ("tiled", 128): [(16, 16, (8, 16)), (16, 16, (4, 16)), (16, 16, (8, 8)), (16, 16, (4, 8))],
+    ("fa2", 64): [(64, 64, (16, 16)), (64, 64, (8, 16)), (32, 64, (8, 16)), (64, 32, (8, 16)),
+                  (128, 64, (16, 16)), (64, 128, (16, 16))],
+    ("fa2", 128): [(64, 64, (16, 16)), (64, 64, (8, 16)), (32, 64, (8, 16)), (64, 32, (8, 16)),
+                   (32, 32, (8, 16)), (128, 64, (16, 16))],
 }
 
 
@@ -49,13 +54,14 @@ def _launch_forward(cfg, q, k, v, causal=False, kernel="tiled"):
     return out, lse
 
 
-def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False):
+def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False, kernel="tiled"):
     bm, bn, threads = cfg
     dq = arrays.empty_device(q.shape, q.dtype)
     dk = arrays.empty_device(k.shape, k.dtype)
     dv = arrays.empty_device(v.shape, v.dtype)
-    backward.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=1 / np.sqrt(q.shape[2]),
-                          heads=1, group=1, causal=causal, block_m=bm, block_n=bn, threads=threads)
+    BACKWARD_MODULES[kernel].run_backward(dout, q, k, v, lse, out, dq, dk, dv,
+                                          scale=1 / np.sqrt(q.shape[2]), heads=1, group=1,
+                                          causal=causal, block_m=bm, block_n=bn, threads=threads)
     return dq, dk, dv
 
 
@@ -70,17 +76,18 @@ def _correct(cfg, d, which, kernel):
         comps = check_forward(q, k, v, out.copy_to_host().reshape(q.shape),
                               lse.copy_to_host().reshape(q.shape[:-1]), causal=True)
     else:
-        grads = _launch_backward(cfg, dev[3], *dev[:3], out, lse, causal=True)
+        grads = _launch_backward(cfg, dev[3], *dev[:3], out, lse, causal=True, kernel=kernel)
         comps = check_backward(dout, q, k, v, *(g.copy_to_host().reshape(x.shape)
                                                 for g, x in zip(grads, (q, k, v))), causal=True)
     return all(c.ok for c in comps)
 
 
-def main(n=2048, forward=("tiled", "fa2"), backward_too=True):
-    """Print one line per configuration: forward kernels named in `forward`, then the backward."""
+def main(n=2048, forward=("tiled", "fa2"), backward=("tiled", "fa2")):
+    """Print one line per configuration: forward kernels named in `forward`, then the backward
+    kernels named in `backward`."""
     from numba import cuda
-    print(f"numba-flash tune: kernels {', '.join(forward)} (forward) at N={n}, B*N=16k, "
-          f"H=2048/d, float32")
+    print(f"numba-flash tune: forward {', '.join(forward)}, backward {', '.join(backward)} "
+          f"at N={n}, B*N=16k, H=2048/d, float32")
     print(f"{'kernel':<9} {'d':>4} {'block_m':>7} {'block_n':>7} {'TYxTX':>7} {'ok':>3} "
           f"{'ms':>8} {'TFLOP/s':>8}")
     rng = np.random.default_rng(0)
@@ -90,7 +97,7 @@ def main(n=2048, forward=("tiled", "fa2"), backward_too=True):
                          for _ in range(4))
         flops = ref.forward_flops(n, n, d, False, bh)
         jobs = [("fwd", name, FORWARD_CONFIGS[name, d]) for name in forward]
-        jobs += [("bwd", "tiled", BACKWARD_CONFIGS[d])] if backward_too else []
+        jobs += [("bwd", name, BACKWARD_CONFIGS[name, d]) for name in backward]
         for which, name, configs in jobs:
             if which == "bwd":
                 out, lse = _launch_forward((32, 32, None) if d == 128 else (32, 64, None), q, k, v)
@@ -101,7 +108,8 @@ def main(n=2048, forward=("tiled", "fa2"), backward_too=True):
                         ms = _median_ms(lambda: _launch_forward(cfg, q, k, v, kernel=name))
                         tf = flops / ms / 1e9
                     else:
-                        ms = _median_ms(lambda: _launch_backward(cfg, dout, q, k, v, out, lse))
+                        ms = _median_ms(lambda: _launch_backward(cfg, dout, q, k, v, out, lse,
+                                                                 kernel=name))
                         tf = 2.5 * flops / ms / 1e9
                     print(f"{which + ' ' + name:<9} {d:>4} {cfg[0]:>7} {cfg[1]:>7} {'%dx%d' % cfg[2]:>7} "
                           f"{'yes' if ok else 'NO':>3} {ms:>8.2f} {tf:>8.1f} {cfg[3:] or ''}", flush=True)

@@ -11,7 +11,7 @@ import sys
 import numpy as np
 
 from numba_flash import flash_attention_backward, flash_attention_forward
-from numba_flash.kernels import FORWARD
+from numba_flash.kernels import BACKWARD, FORWARD
 from numba_flash.testing import Case, check_backward, check_forward
 
 CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True), Case("masked", 1, 1, 1, 70, 20, 17, causal=True),
@@ -26,8 +26,11 @@ def main():
             for name in sorted(FORWARD):
                 out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel=name)
                 bad += sum(not c.ok for c in check_forward(q, k, v, out, lse, causal=case.causal))
-            grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal)
-            bad += sum(not c.ok for c in check_backward(dout, q, k, v, *grads, causal=case.causal))
+            for name in sorted(BACKWARD):
+                grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
+                                                 kernel=name)
+                bad += sum(not c.ok for c in check_backward(dout, q, k, v, *grads,
+                                                            causal=case.causal))
             print(f"{case} {np.dtype(dtype).name}: done", flush=True)
     print(f"sanitize: {bad} comparisons outside tolerance")
     return 1 if bad else 0

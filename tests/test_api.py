@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from numba_flash import flash_attention_backward, flash_attention_forward
-from numba_flash.kernels import backward, forward_fa2, forward_rowwise, forward_tiled
+from numba_flash.kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
 
 
 def qkv(shape_q=(1, 2, 5, 4), shape_k=None, dtype=np.float32):
@@ -85,15 +85,19 @@ def test_default_blocks_fit_every_head_dim():
             for module in (forward_tiled, forward_rowwise, forward_fa2):
                 bm, bn = module.default_blocks(d, np.dtype(dtype))
                 module.make_forward_kernel(bm, bn, d, True, np.dtype(dtype))  # raises if not
-            bm, bn = backward.default_blocks(d, np.dtype(dtype))
-            backward.make_dkdv_kernel(bm, bn, d, True, np.dtype(dtype))
-            backward.make_dq_kernel(bm, bn, d, True, np.dtype(dtype))
+            for module in (backward, backward_fa2):
+                bm, bn = module.default_blocks(d, np.dtype(dtype))
+                module.make_dkdv_kernel(bm, bn, d, True, np.dtype(dtype))
+                module.make_dq_kernel(bm, bn, d, True, np.dtype(dtype))
 
 
-def test_bench_times_every_registered_forward_variant():
+def test_bench_times_every_registered_forward_and_backward_variant():
     from numba_flash import bench
-    from numba_flash.kernels import DEFAULT_FORWARD, FORWARD
+    from numba_flash.kernels import BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD
     impls = bench.implementations()
     for name in FORWARD:
         fwd, fwd_bwd, _ = impls[f"numba-flash {name}"]
         assert fwd is not None and (fwd_bwd is not None) == (name == DEFAULT_FORWARD)
+    for name in set(BACKWARD) - {DEFAULT_BACKWARD}:
+        fwd, fwd_bwd, _ = impls[f"numba-flash {DEFAULT_FORWARD}, backward {name}"]
+        assert fwd is None and fwd_bwd is not None

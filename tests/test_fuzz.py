@@ -32,3 +32,10 @@ def test_fuzz_stops_at_its_deadline(tmp_path):
     outcomes, failures, paths = campaign.fuzz("simulator", seconds=1e-9, directory=str(tmp_path),
                                               progress=False, properties=["backward agrees"])
     assert outcomes == [] and failures == [] and paths == []
+
+
+def test_fuzz_cli_rejects_unknown_kernels_and_empty_selections(capsys):
+    assert cli.main(["fuzz", "--profile", "ci", "--examples", "1", "--kernel", "nope"]) == 2
+    assert "unknown kernels ['nope']" in capsys.readouterr().err
+    # a forward-only property asked of a backward-only kernel name matches no pair
+    assert campaign.pairs(["forward agrees"], ["no such kernel"]) == []

@@ -16,7 +16,7 @@ block_m, block_n), launching whatever it needs on 3-D device arrays, plus defaul
 from dataclasses import dataclass
 from typing import Callable
 
-from . import backward, forward_fa2, forward_rowwise, forward_tiled
+from . import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
 
 
 @dataclass(frozen=True)
@@ -59,5 +59,6 @@ def register_backward(name, run, default_blocks):
 
 
 register_backward("tiled", backward.run_backward, backward.default_blocks)
+register_backward("fa2", backward_fa2.run_backward, backward_fa2.default_blocks)   # not yet timed
 
 DEFAULT_BACKWARD = "tiled"

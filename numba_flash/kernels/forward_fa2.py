@@ -36,10 +36,9 @@ from numba import cuda
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
                      ceil_div, check_block, check_dynamic_shared_memory, check_head_dim, kv_head,
                      numba_type)
+from .fa2_tiles import CHUNK, PAD, tile_products
 
 SM_SHARED_BYTES = 228 * 1024   # shared memory of one Hopper SM (H100, H200)
-CHUNK = 4          # elements per vector load (16 bytes in float32; float64 loads two v2)
-PAD = 4            # row padding of Q and K, in elements (see the module docstring)
 
 
 def thread_shape(block_m, block_n, head_dim, threads=None, item=4):
@@ -139,6 +138,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         U(x) for x in (BLOCK_M, BLOCK_N, D, D_PAD, D_ROW, S_ROW, R_ROW, NT, TX, TY))
     uQ, uK, uV, uP, uR = (U(off[x]) for x in "qkvpr")
     uCH, uRUN = U(CHUNK), U(CHUNK * TX)
+    dot_rows, accumulate = tile_products(T, TM, TN, TY, TX, D_PAD, D_ROW, S_ROW, D_PAD)
 
     @cuda.jit(device=True)
     def slot(it, tid):
@@ -169,8 +169,6 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         o = cuda.local.array((TM, TD), T)
         m = cuda.local.array(TM, T)              # running row max
         l = cuda.local.array(TM, T)              # this thread's share of the running row sum
-        kk = cuda.local.array((TN, CHUNK), T)
-        vv = cuda.local.array((CHUNK, TD), T)
         k_next = cuda.local.array(NEXT, T)       # this thread's share of the next K/V tile
         v_next = cuda.local.array(NEXT, T)
 
@@ -210,24 +208,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                         v_next[it] = element(v, kv, n1, j, c, T(1.0))
 
             # 2. S = Q K^T, CHUNK columns of the head dim at a time (vector loads)
-            for a in range(TM):
-                for b in range(TN):
-                    s[a, b] = T(0.0)
-            c = U(0)
-            while c < uDP:
-                for b in range(TN):
-                    base = uK + (tx + U(b) * uTX) * uDR + c
-                    for e in range(CHUNK):
-                        kk[b, e] = sm[base + U(e)]
-                for a in range(TM):
-                    base = uQ + (ty + U(a) * uTY) * uDR + c
-                    q0, q1, q2, q3 = sm[base], sm[base + U(1)], sm[base + U(2)], sm[base + U(3)]
-                    for b in range(TN):
-                        s[a, b] += q0 * kk[b, 0]
-                        s[a, b] += q1 * kk[b, 1]
-                        s[a, b] += q2 * kk[b, 2]
-                        s[a, b] += q3 * kk[b, 3]
-                c += uCH
+            dot_rows(sm, uQ, uK, s, ty, tx)
             for a in range(TM):
                 r = ty + U(a) * uTY
                 row_max = T(NEG_INF)
@@ -266,22 +247,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                 cuda.syncthreads()
 
             # 4. O += P V, CHUNK keys at a time; this thread's columns are runs of CHUNK
-            j = U(0)
-            while j < uBN:
-                for jj in range(CHUNK):
-                    for e in range(TE):
-                        base = uV + (j + U(jj)) * uDP + U(e) * uRUN + tx * uCH
-                        for i in range(CHUNK):
-                            vv[jj, e * CHUNK + i] = sm[base + U(i)]
-                for a in range(TM):
-                    base = uP + (ty + U(a) * uTY) * uSR + j
-                    p0, p1, p2, p3 = sm[base], sm[base + U(1)], sm[base + U(2)], sm[base + U(3)]
-                    for c in range(TD):
-                        o[a, c] += p0 * vv[0, c]
-                        o[a, c] += p1 * vv[1, c]
-                        o[a, c] += p2 * vv[2, c]
-                        o[a, c] += p3 * vv[3, c]
-                j += uCH
+            accumulate(sm, uP, uV, uBN, o, ty, tx)
             cuda.syncthreads()                     # every warp is done with K, V and P
 
             # 5. the next tile into shared memory, from registers or straight from memory

@@ -14,12 +14,14 @@ from .properties import PROPERTIES
 from .strategies import Problem, problems, tiles_for
 
 
-def pairs(properties=None):
-    """(property, kernel) for every property and every registered kernel it applies to."""
+def pairs(properties=None, kernels=None):
+    """(property, kernel) for every property (of `properties`, default all) and every
+    registered kernel it applies to (of `kernels`, default all)."""
     out = []
     for name in properties or PROPERTIES:
         _, kind, _ = PROPERTIES[name]
-        out += [(name, k) for k in sorted(FORWARD if kind == "forward" else BACKWARD)]
+        out += [(name, k) for k in sorted(FORWARD if kind == "forward" else BACKWARD)
+                if kernels is None or k in kernels]
     return out
 
 
@@ -73,12 +75,13 @@ def load_reproducer(path):
 
 
 def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=True,
-         properties=None):
-    """Run every (property, kernel) pair (of `properties`, default all): `examples` each, or
+         properties=None, kernels=None):
+    """Run every (property, kernel) pair (of `properties` and `kernels`, default all, see
+    pairs()): `examples` each, or
     batches of 10 round-robin until `seconds` have passed (checked before every example, so a
     slow example overruns by itself only). Returns (outcomes, failures, reproducer paths)."""
     from tqdm import tqdm
-    todo = pairs(properties)
+    todo = pairs(properties, kernels)
     outcomes, failures, paths = [], [], []
     bar = tqdm(total=(examples or 0) * len(todo) or None, disable=not progress, unit="example")
 

@@ -47,6 +47,9 @@ MUTANTS = {m.name: m for m in (
            "if m_new != T(NEG_INF):", "if True:", "forward agrees"),
     Mutant("D left out of dS", "backward", "backward",
            "p * (dp[a, b] - D_t[r])", "p * dp[a, b]", "backward agrees"),
+    Mutant("D left out of dS^T (fa2)", "backward", "backward_fa2",
+           "sm[udST + jl * uWR + il] = p * (dp[a, b] - sm[uDv + il])",
+           "sm[udST + jl * uWR + il] = p * dp[a, b]", "backward agrees"),
     Mutant("P recomputed without lse", "backward", "backward",
            "p = math.exp(s[a, b] - lse_i)", "p = math.exp(s[a, b])", "backward agrees"),
 )}

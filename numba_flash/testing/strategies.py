@@ -25,6 +25,7 @@ TILES = {  # (block_m, block_n) candidates per kernel; invalid ones for d/dtype 
     "rowwise": ((64, 4), (64, 8), (32, 16), (64, 32), (16, 64)),
     "forward": ((8, 16), (16, 16), (16, 32), (32, 32), (32, 64), (64, 32), (64, 16)),
     "fa2": ((16, 16), (32, 16), (16, 32), (32, 32), (64, 32), (32, 64), (8, 8)),
+    "fa2-backward": ((8, 8), (16, 16), (32, 16), (16, 32), (32, 32)),
     "backward": ((8, 8), (8, 16), (16, 16), (16, 32), (32, 32)),
 }
 
@@ -36,9 +37,12 @@ def tiles_for(kind, kernel):
     if kernel.startswith("mutant: "):
         from .mutants import MUTANTS
         module = MUTANTS[kernel[len("mutant: "):]].module
-        kernel = {"forward_rowwise": "rowwise", "forward_fa2": "fa2"}.get(module, "tiled")
+        kernel = {"forward_rowwise": "rowwise", "forward_fa2": "fa2",
+                  "backward_fa2": "fa2"}.get(module, "tiled")
     if kind == "forward" and kernel in ("rowwise", "fa2"):
         return kernel
+    if kind == "backward" and kernel == "fa2":
+        return "fa2-backward"
     return kind if kernel == "tiled" else None
 
 
@@ -119,7 +123,7 @@ def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
 
 def valid_tiles(kind, d, dtype):
     """Tile candidates of TILES[kind] that the kernel factories accept for (d, dtype)."""
-    from ..kernels import backward, forward_fa2, forward_rowwise, forward_tiled
+    from ..kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
     out = []
     for bm, bn in TILES[kind]:
         try:
@@ -129,6 +133,9 @@ def valid_tiles(kind, d, dtype):
                 forward_tiled.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
             elif kind == "fa2":
                 forward_fa2.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
+            elif kind == "fa2-backward":
+                backward_fa2.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype))
+                backward_fa2.make_dq_kernel(bm, bn, d, False, np.dtype(dtype))
             else:
                 backward.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype))
             out.append((bm, bn))

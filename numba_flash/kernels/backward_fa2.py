@@ -1,0 +1,326 @@
+"""Backward kernels, FA2 variant: backward.py's three launches (preprocess D, dK/dV, dQ; no
+atomics, bitwise reproducible) rebuilt with what made forward_fa2.py fast. NOT YET MEASURED
+ON A GPU: registered as "fa2" beside the default "tiled" so that the tests, `numba-flash
+verify` and the fuzzer check it everywhere; the benchmark and `numba-flash tune` decide later
+whether it becomes the default.
+
+  * One dynamic shared allocation (common.DynamicSharedKernel), so that d = 128 can use 64 x 64
+    tiles instead of backward.py's 16 x 16.
+  * Every product reads shared memory in 16-byte vectors: dot products walk the head dim four
+    at a time along rows (rows padded by 4, as in forward_fa2), accumulations walk the
+    contracted index four at a time, each thread's head-dim columns coming in runs of four.
+  * The rows of P^T and dS^T (dK/dV kernel) and of dS (dQ kernel) that a thread reads are
+    written by its own warp, so they need a warp barrier only.
+
+dK/dV kernel, per K/V block (rows j owned by ty), over the query heads sharing its key head and
+their Q blocks (columns i owned by tx):
+  S^T = K (scale Q)^T and dP^T = V dO^T; P^T = exp(S^T - lse_i), dS^T = P^T (dP^T - D_i) into
+  shared; dV += P^T dO, dK += dS^T (scale Q).
+dQ kernel, per Q block (rows i owned by ty), over K/V blocks (columns j owned by tx):
+  S = (scale Q) K^T, dP = dO V^T, dS = P (dP - D_i) into shared; dQ += dS K, times scale at the
+  end.
+S is summed in the forward's order (head dim ascending, one FMA per term, Q pre-scaled), so P
+is recomputed bit for bit (backward.py's docstring says why that matters at large logits).
+"""
+
+import functools
+import math
+
+import numpy as np
+
+from numba import cuda
+
+from .backward import make_preprocess_kernel
+from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
+                     ceil_div, check_block, check_dynamic_shared_memory, check_head_dim, kv_head,
+                     numba_type)
+from .fa2_tiles import CHUNK, DEVICE, PAD, tile_products
+
+
+def thread_shape(block_m, block_n, head_dim, threads=None):
+    """(TY, TX): `threads` if given, else TX = 16 along the head dim (fewer for small d or
+    blocks) and TY = 16 (fewer for small blocks)."""
+    if threads is not None:
+        return tuple(threads)
+    tx = 16
+    while tx > 4 and tx * CHUNK >= 2 * head_dim:
+        tx //= 2
+    while tx > 1 and (block_m % tx or block_n % tx):
+        tx //= 2
+    ty = 16
+    while ty > 1 and (block_m % ty or block_n % ty):
+        ty //= 2
+    return ty, tx
+
+
+def _layout(rows_ty, rows_tx, block_m, block_n, head_dim, threads, w_tiles):
+    """Shared-memory offsets (elements) shared by both kernels: K, V (block_n rows), Q, dO
+    (block_m rows), all with padded rows; lse and D (block_m); W, w_tiles tiles of rows_ty
+    rows of rows_tx + PAD (P^T and dS^T, or dS)."""
+    ty, tx = thread_shape(block_m, block_n, head_dim, threads)
+    d_pad = ceil_div(head_dim, CHUNK * tx) * CHUNK * tx
+    d_row, w_row = d_pad + PAD, rows_tx + PAD
+    m_pad = ceil_div(block_m, CHUNK) * CHUNK
+    sizes = dict(k=block_n * d_row, v=block_n * d_row, q=block_m * d_row, do=block_m * d_row,
+                 lse=m_pad, D=m_pad, w=w_tiles * rows_ty * w_row)
+    offsets, total = {}, 0
+    for name, size in sizes.items():
+        offsets[name] = total
+        total += size
+    return ty, tx, d_pad, d_row, w_row, offsets, total
+
+
+def shared_bytes(block_m, block_n, head_dim, item, threads=None):
+    """Bytes of dynamic shared memory of the larger of the two kernels (the dK/dV one)."""
+    return item * _layout(block_n, block_m, block_m, block_n, head_dim, threads, 2)[-1]
+
+
+def default_blocks(head_dim, dtype):
+    """(block_m, block_n): a first guess (64 x 64 in float32 up to d = 128), to be tuned."""
+    item = np.dtype(dtype).itemsize
+    if item == 4:
+        choices = ((64, 64),) if head_dim <= 128 else ((32, 32),)
+    else:
+        choices = ((32, 32),) if head_dim <= 128 else ((16, 16),)
+    for block_m, block_n in choices + ((16, 16),):
+        if shared_bytes(block_m, block_n, head_dim, item) <= DYNAMIC_SHARED_MEMORY_BYTES:
+            return block_m, block_n
+    raise ValueError(f"no tile fits head dim {head_dim}")
+
+
+@functools.lru_cache(maxsize=None)
+def _pieces(rows_ty, rows_tx, block_m, block_n, head_dim, dtype, threads, w_tiles):
+    """Constants and device functions of one kernel, whose tiles have rows_ty rows owned by ty
+    (TA = rows_ty / TY per thread) and rows_tx rows owned by tx (TB = rows_tx / TX), with
+    w_tiles rows_ty x rows_tx tiles in shared memory (P^T and dS^T, or dS)."""
+    check_block("block_m", block_m, 256)
+    check_block("block_n", block_n, 256)
+    check_head_dim(head_dim)
+    T = numba_type(dtype)
+    item = T.bitwidth // 8
+    TY, TX, D_PAD, D_ROW, W_ROW, off, total = _layout(rows_ty, rows_tx, block_m, block_n,
+                                                      head_dim, threads, w_tiles)
+    if TX not in (1, 2, 4, 8, 16, 32) or TY * TX > 1024:
+        raise ValueError(f"fa2 backward needs TX dividing 32 (rows stay inside a warp) and at "
+                         f"most 1024 threads, got (TY, TX) = ({TY}, {TX})")
+    for name, b in (("block_m", block_m), ("block_n", block_n)):
+        if b % TY or b % TX or b % CHUNK:
+            raise ValueError(f"fa2 backward needs {name} a multiple of {TY}, {TX} and "
+                             f"{CHUNK}, got {b}")
+    check_dynamic_shared_memory(
+        f"fa2 backward with block_m={block_m}, block_n={block_n}, d={head_dim}", item * total,
+        "choose smaller blocks")
+    TA, TB = rows_ty // TY, rows_tx // TX
+    TE = D_PAD // (CHUNK * TX)
+    TD = TE * CHUNK
+    uDP, uDR, uWR, uD, uNT, uTX, uTY = (U(x) for x in (D_PAD, D_ROW, W_ROW, head_dim, TY * TX,
+                                                      TX, TY))
+    uCH, uRUN = U(CHUNK), U(CHUNK * TX)
+    dot_rows, accumulate = tile_products(T, TA, TB, TY, TX, D_PAD, D_ROW, W_ROW, D_ROW)
+
+    @cuda.jit(**DEVICE)
+    def stage(sm, dst, src, head, row0, rows, tid, mult):
+        """sm[dst + r * D_ROW + c] = mult * src[head, row0 + r, c] for r < rows, c < D_PAD;
+        zero past the rows of src or past the head dim."""
+        n = U(src.shape[1])
+        idx = tid
+        while idx < rows * uDP:
+            r = idx // uDP
+            c = idx % uDP
+            x = T(0.0)
+            if row0 + r < n and c < uD:
+                x = src[head, row0 + r, c] * mult
+            sm[dst + r * uDR + c] = x
+            idx += uNT
+
+    @cuda.jit(**DEVICE)
+    def store_rows(dst, head, row0, n, acc, mult, ty, tx):
+        """dst[head, row0 + ty + a TY, col(cc)] = mult * acc[a, cc] inside the array."""
+        for a in range(TA):
+            r = row0 + ty + U(a) * uTY
+            if r < n:
+                for e in range(TE):
+                    for i in range(CHUNK):
+                        col = U(e) * uRUN + tx * uCH + U(i)
+                        if col < uD:
+                            dst[head, r, col] = acc[a, e * CHUNK + i] * mult
+
+    @cuda.jit(**DEVICE)
+    def row_vectors(sm, lse_off, D_off, lse, Dvec, bh, m0, rows, tid):
+        """lse and D of `rows` query rows into shared memory (-inf and 0 past the end)."""
+        nq = U(lse.shape[1])
+        r = tid
+        while r < rows:
+            inside = m0 + r < nq
+            sm[lse_off + r] = lse[bh, m0 + r] if inside else T(NEG_INF)
+            sm[D_off + r] = Dvec[bh, m0 + r] if inside else T(0.0)
+            r += uNT
+
+    sizes = dict(T=T, TY=TY, TX=TX, TA=TA, TB=TB, TD=TD, W_ROW=W_ROW, off=off,
+                 nbytes=item * total)
+    return sizes, stage, dot_rows, accumulate, store_rows, row_vectors
+
+
+@functools.lru_cache(maxsize=None)
+def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
+    """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
+    (q, k, v, dout, lse, D, dk, dv, scale, heads, group)."""
+    c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
+        block_n, block_m, block_m, block_n, head_dim, dtype, threads, 2)
+    T, TA, TB, TD, TX, TY = c["T"], c["TA"], c["TB"], c["TD"], c["TX"], c["TY"]
+    o = {k_: U(v_) for k_, v_ in c["off"].items()}
+    uK, uV, uQ, udO, uL, uDv, uW = o["k"], o["v"], o["q"], o["do"], o["lse"], o["D"], o["w"]
+    uWR, uBM, uBN, uTX, uTY, uNT = (U(x) for x in (c["W_ROW"], block_m, block_n, TX, TY, TX * TY))
+    uPT, udST = uW, uW + U(block_n * c["W_ROW"])
+    WARP_BARRIER = not SIMULATOR                     # the simulator has no syncwarp
+    ALIGN = None if SIMULATOR else 16                # the simulator rejects an alignment
+
+    @cuda.jit
+    def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, scale, heads, group):
+        sm = cuda.shared.array(0, T, alignment=ALIGN)
+        kvh = U(cuda.blockIdx.y)                       # index into B*Hk
+        tx = U(cuda.threadIdx.x)
+        ty = U(cuda.threadIdx.y)
+        tid = ty * uTX + tx
+        n0 = U(cuda.blockIdx.x) * uBN
+        nq, nk = U(q.shape[1]), U(k.shape[1])
+        s = cuda.local.array((TA, TB), T)
+        dp = cuda.local.array((TA, TB), T)
+        dk_acc = cuda.local.array((TA, TD), T)
+        dv_acc = cuda.local.array((TA, TD), T)
+        for a in range(TA):
+            for cc in range(TD):
+                dk_acc[a, cc] = T(0.0)
+                dv_acc[a, cc] = T(0.0)
+
+        stage(sm, uK, k, kvh, n0, uBN, tid, T(1.0))
+        stage(sm, uV, v, kvh, n0, uBN, tid, T(1.0))
+        # causal: query i sees key j iff j + nq <= i + nk; skip Q blocks that see none of ours
+        m_start = U(0)
+        if causal and n0 + nq > nk:
+            m_start = (n0 + nq - nk) // uBM * uBM
+        kv_heads = heads // group
+        b_idx = U(cuda.blockIdx.y // kv_heads)
+        for g in range(group):                         # the query heads sharing this key head
+            bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            m0 = m_start
+            while m0 < nq:
+                stage(sm, uQ, q, bh, m0, uBM, tid, scale)
+                stage(sm, udO, dout, bh, m0, uBM, tid, T(1.0))
+                row_vectors(sm, uL, uDv, lse, Dvec, bh, m0, uBM, tid)
+                cuda.syncthreads()
+                dot_rows(sm, uK, uQ, s, ty, tx)        # S^T[j, i], summed as the forward did
+                dot_rows(sm, uV, udO, dp, ty, tx)      # dP^T[j, i]
+                for a in range(TA):
+                    jl = ty + U(a) * uTY
+                    j = n0 + jl
+                    for b in range(TB):
+                        il = tx + U(b) * uTX
+                        i = m0 + il
+                        lse_i = sm[uL + il]
+                        visible = i < nq and j < nk and (not causal or j + nq <= i + nk)
+                        p = T(0.0)
+                        if visible and lse_i != T(NEG_INF):       # guard: fully masked row
+                            p = math.exp(s[a, b] - lse_i)
+                        sm[uPT + jl * uWR + il] = p
+                        sm[udST + jl * uWR + il] = p * (dp[a, b] - sm[uDv + il])
+                if WARP_BARRIER:
+                    cuda.syncwarp()
+                else:
+                    cuda.syncthreads()
+                accumulate(sm, uPT, udO, uBM, dv_acc, ty, tx)    # dV += P^T dO
+                accumulate(sm, udST, uQ, uBM, dk_acc, ty, tx)    # dK += dS^T (scale Q)
+                cuda.syncthreads()
+                m0 += uBM
+
+        store_rows(dk, kvh, n0, nk, dk_acc, T(1.0), ty, tx)
+        store_rows(dv, kvh, n0, nk, dv_acc, T(1.0), ty, tx)
+
+    return DynamicSharedKernel(dkdv_fa2, c["nbytes"]), (TX, TY)
+
+
+@functools.lru_cache(maxsize=None)
+def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
+    """dQ. Launch grid (ceil(Nq / block_m), B*H), threads (TX, TY), arguments
+    (q, k, v, dout, lse, D, dq, scale, heads, group)."""
+    c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
+        block_m, block_n, block_m, block_n, head_dim, dtype, threads, 1)
+    T, TA, TB, TD, TX, TY = c["T"], c["TA"], c["TB"], c["TD"], c["TX"], c["TY"]
+    o = {k_: U(v_) for k_, v_ in c["off"].items()}
+    uK, uV, uQ, udO, uL, uDv, udS = o["k"], o["v"], o["q"], o["do"], o["lse"], o["D"], o["w"]
+    uWR, uBM, uBN, uTX, uTY, uNT = (U(x) for x in (c["W_ROW"], block_m, block_n, TX, TY, TX * TY))
+    WARP_BARRIER = not SIMULATOR
+    ALIGN = None if SIMULATOR else 16
+
+    @cuda.jit
+    def dq_fa2(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
+        sm = cuda.shared.array(0, T, alignment=ALIGN)
+        bh = U(cuda.blockIdx.y)
+        kvh = U(kv_head(cuda.blockIdx.y, heads, group))
+        tx = U(cuda.threadIdx.x)
+        ty = U(cuda.threadIdx.y)
+        tid = ty * uTX + tx
+        m0 = U(cuda.blockIdx.x) * uBM
+        nq, nk = U(q.shape[1]), U(k.shape[1])
+        s = cuda.local.array((TA, TB), T)
+        dp = cuda.local.array((TA, TB), T)
+        dq_acc = cuda.local.array((TA, TD), T)
+        for a in range(TA):
+            for cc in range(TD):
+                dq_acc[a, cc] = T(0.0)
+
+        stage(sm, uQ, q, bh, m0, uBM, tid, scale)
+        stage(sm, udO, dout, bh, m0, uBM, tid, T(1.0))
+        row_vectors(sm, uL, uDv, lse, Dvec, bh, m0, uBM, tid)
+        n_end = nk
+        if causal:                                     # no key past the block's last row
+            last = m0 + uBM + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        while n0 < n_end:
+            stage(sm, uK, k, kvh, n0, uBN, tid, T(1.0))
+            stage(sm, uV, v, kvh, n0, uBN, tid, T(1.0))
+            cuda.syncthreads()
+            dot_rows(sm, uQ, uK, s, ty, tx)            # S[i, j], the forward's sum exactly
+            dot_rows(sm, udO, uV, dp, ty, tx)          # dP[i, j]
+            for a in range(TA):
+                il = ty + U(a) * uTY
+                i = m0 + il
+                lse_i = sm[uL + il]
+                for b in range(TB):
+                    jl = tx + U(b) * uTX
+                    j = n0 + jl
+                    visible = i < nq and j < nk and (not causal or j + nq <= i + nk)
+                    p = T(0.0)
+                    if visible and lse_i != T(NEG_INF):           # guard: fully masked row
+                        p = math.exp(s[a, b] - lse_i)
+                    sm[udS + il * uWR + jl] = p * (dp[a, b] - sm[uDv + il])
+            if WARP_BARRIER:
+                cuda.syncwarp()
+            else:
+                cuda.syncthreads()
+            accumulate(sm, udS, uK, uBN, dq_acc, ty, tx)         # dQ += dS K
+            cuda.syncthreads()
+            n0 += uBN
+
+        store_rows(dq, bh, m0, nq, dq_acc, scale, ty, tx)
+
+    return DynamicSharedKernel(dq_fa2, c["nbytes"]), (TX, TY)
+
+
+def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
+                 block_m, block_n, threads=None):
+    """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
+    backward.run_backward). Allocates only D (B*H, Nq) besides the outputs."""
+    from .. import arrays
+    bh, nq, d = q.shape
+    bhk, nk, _ = k.shape
+    dtype = q.dtype
+    scale = numba_type(dtype)(scale)
+    D = arrays.empty_device((bh, nq), dtype)
+    pre, tpb = make_preprocess_kernel(d, dtype)
+    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D)
+    dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads)
+    dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, scale, heads, group)
+    dq_kernel, tpb = make_dq_kernel(block_m, block_n, d, causal, dtype, threads)
+    dq_kernel[(ceil_div(nq, block_m), bh), tpb](q, k, v, dout, lse, D, dq, scale, heads, group)
