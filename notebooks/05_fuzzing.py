@@ -15,7 +15,9 @@ from numba_flash.testing import campaign, mutants, profiles
 
 # ci (derandomized) on the simulator, so this notebook gives the same answer every run
 name, size = profiles.load("ci" if numba_flash.SIMULATOR else "gpu", numba_flash.SIMULATOR)
-examples = 2 if numba_flash.SIMULATOR else 25
+# real sizes are compile-bound (a few seconds per new tile / head dim / dtype): 5 examples per
+# (property, kernel) there keep the notebook to minutes
+examples = 2 if numba_flash.SIMULATOR else 5
 outcomes, failures, _ = campaign.fuzz(size, examples=examples, progress=False,
                                       directory=tempfile.mkdtemp(),
                                       properties=["forward agrees", "backward agrees"])
@@ -25,13 +27,15 @@ for o in worst:
 
 # %% [markdown]
 # Now a mutant: `l *= alpha` removed from the row-per-thread kernel. Hypothesis starts from
-# small problems (one K/V tile, where m never grows), so the campaign gets 40 examples, on the
-# mutant alone (tests/test_mutants.py shows 40 are enough for every mutant).
+# small problems (one K/V tile, where m never grows), so the campaign gets 40 examples on the
+# mutant alone (tests/test_mutants.py shows 40 are enough for every mutant; 20 at real sizes,
+# where there are many K/V tiles).
 
 # %%
 repro_dir = tempfile.mkdtemp()
 with mutants.registered("l not rescaled when m grows") as broken:
-    m_out, m_fail, paths = campaign.fuzz(size, examples=40, progress=False, directory=repro_dir,
+    m_out, m_fail, paths = campaign.fuzz(size, examples=40 if numba_flash.SIMULATOR else 20,
+                                         progress=False, directory=repro_dir,
                                          properties=["forward agrees"], kernels=[broken])
     print(f"{len(m_fail)} failing examples of {len(m_out)}; first: {m_fail[0].report() if m_fail else None}")
     replay_rc = cli.main(["replay", paths[0]]) if paths else None

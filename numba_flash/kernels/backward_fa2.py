@@ -88,18 +88,18 @@ def default_blocks(head_dim, dtype):
     raise ValueError(f"no tile fits head dim {head_dim}")
 
 
-@functools.lru_cache(maxsize=None)
-def _pieces(rows_ty, rows_tx, block_m, block_n, head_dim, dtype, threads, w_tiles):
-    """Constants and device functions of one kernel, whose tiles have rows_ty rows owned by ty
-    (TA = rows_ty / TY per thread) and rows_tx rows owned by tx (TB = rows_tx / TX), with
-    w_tiles rows_ty x rows_tx tiles in shared memory (P^T and dS^T, or dS)."""
+def _check(block_m, block_n, head_dim, dtype, threads):
+    """Validate a configuration (against the dK/dV kernel, the larger); return what the
+    compiled kernels are keyed on: (d_pad, d_const, (TY, TX)). One compilation serves every
+    head dim that pads to the same D_PAD (the kernels read d from q), except d == D_PAD, which
+    is compiled with d constant (see forward_fa2.make_forward_kernel)."""
     check_block("block_m", block_m, 256)
     check_block("block_n", block_n, 256)
     check_head_dim(head_dim)
     T = numba_type(dtype)
     item = T.bitwidth // 8
-    TY, TX, D_PAD, D_ROW, W_ROW, off, total = _layout(rows_ty, rows_tx, block_m, block_n,
-                                                      head_dim, threads, w_tiles)
+    TY, TX, D_PAD, D_ROW, W_ROW, off, total = _layout(block_n, block_m, block_m, block_n,
+                                                      head_dim, threads, 2)
     if TX not in (1, 2, 4, 8, 16, 32) or TY * TX > 1024:
         raise ValueError(f"fa2 backward needs TX dividing 32 (rows stay inside a warp) and at "
                          f"most 1024 threads, got (TY, TX) = ({TY}, {TX})")
@@ -110,39 +110,52 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, head_dim, dtype, threads, w_tile
     check_dynamic_shared_memory(
         f"fa2 backward with block_m={block_m}, block_n={block_n}, d={head_dim}", item * total,
         "choose smaller blocks")
+    return D_PAD, head_dim if head_dim == D_PAD else 0, (TY, TX)
+
+
+@functools.lru_cache(maxsize=None)
+def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, w_tiles):
+    """Constants and device functions of one kernel, whose tiles have rows_ty rows owned by ty
+    (TA = rows_ty / TY per thread) and rows_tx rows owned by tx (TB = rows_tx / TX), with
+    w_tiles rows_ty x rows_tx tiles in shared memory (P^T and dS^T, or dS); arguments as
+    _check returns them."""
+    T = numba_type(dtype)
+    item = T.bitwidth // 8
+    TY, TX, D_PAD, D_ROW, W_ROW, off, total = _layout(rows_ty, rows_tx, block_m, block_n,
+                                                      d_pad, threads, w_tiles)
     TA, TB = rows_ty // TY, rows_tx // TX
     TE = D_PAD // (CHUNK * TX)
     TD = TE * CHUNK
-    uDP, uDR, uWR, uD, uNT, uTX, uTY = (U(x) for x in (D_PAD, D_ROW, W_ROW, head_dim, TY * TX,
-                                                      TX, TY))
+    uDP, uDR, uWR, uNT, uTX, uTY = (U(x) for x in (D_PAD, D_ROW, W_ROW, TY * TX, TX, TY))
     uCH, uRUN = U(CHUNK), U(CHUNK * TX)
     dot_rows, accumulate = tile_products(T, TA, TB, TY, TX, D_PAD, D_ROW, W_ROW, D_ROW)
 
     @cuda.jit(**DEVICE)
-    def stage(sm, dst, src, head, row0, rows, tid, mult):
+    def stage(sm, dst, src, head, row0, rows, tid, d, mult):
         """sm[dst + r * D_ROW + c] = mult * src[head, row0 + r, c] for r < rows, c < D_PAD;
-        zero past the rows of src or past the head dim."""
+        zero past the rows of src or past the head dim d."""
         n = U(src.shape[1])
         idx = tid
         while idx < rows * uDP:
             r = idx // uDP
             c = idx % uDP
             x = T(0.0)
-            if row0 + r < n and c < uD:
+            if row0 + r < n and c < d:
                 x = src[head, row0 + r, c] * mult
             sm[dst + r * uDR + c] = x
             idx += uNT
 
     @cuda.jit(**DEVICE)
-    def store_rows(dst, head, row0, n, acc, mult, ty, tx):
-        """dst[head, row0 + ty + a TY, col(cc)] = mult * acc[a, cc] inside the array."""
+    def store_rows(dst, head, row0, n, d, acc, mult, ty, tx):
+        """dst[head, row0 + ty + a TY, col(cc)] = mult * acc[a, cc] inside the array (rows
+        below n, columns below d)."""
         for a in range(TA):
             r = row0 + ty + U(a) * uTY
             if r < n:
                 for e in range(TE):
                     for i in range(CHUNK):
                         col = U(e) * uRUN + tx * uCH + U(i)
-                        if col < uD:
+                        if col < d:
                             dst[head, r, col] = acc[a, e * CHUNK + i] * mult
 
     @cuda.jit(**DEVICE)
@@ -161,12 +174,18 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, head_dim, dtype, threads, w_tile
     return sizes, stage, dot_rows, accumulate, store_rows, row_vectors
 
 
-@functools.lru_cache(maxsize=None)
 def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dk, dv, scale, heads, group)."""
+    d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads)
+    return _dkdv(block_m, block_n, d_pad, d_const, bool(causal), np.dtype(dtype), threads)
+
+
+@functools.lru_cache(maxsize=None)
+def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
-        block_n, block_m, block_m, block_n, head_dim, dtype, threads, 2)
+        block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2)
+    D_CONST, uD = d_const, U(d_const)
     T, TA, TB, TD, TX, TY = c["T"], c["TA"], c["TB"], c["TD"], c["TX"], c["TY"]
     o = {k_: U(v_) for k_, v_ in c["off"].items()}
     uK, uV, uQ, udO, uL, uDv, uW = o["k"], o["v"], o["q"], o["do"], o["lse"], o["D"], o["w"]
@@ -184,6 +203,9 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
         tid = ty * uTX + tx
         n0 = U(cuda.blockIdx.x) * uBN
         nq, nk = U(q.shape[1]), U(k.shape[1])
+        d = U(q.shape[2])
+        if D_CONST:                                    # the head dim as a constant (d == D_PAD)
+            d = uD
         s = cuda.local.array((TA, TB), T)
         dp = cuda.local.array((TA, TB), T)
         dk_acc = cuda.local.array((TA, TD), T)
@@ -193,8 +215,8 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
                 dk_acc[a, cc] = T(0.0)
                 dv_acc[a, cc] = T(0.0)
 
-        stage(sm, uK, k, kvh, n0, uBN, tid, T(1.0))
-        stage(sm, uV, v, kvh, n0, uBN, tid, T(1.0))
+        stage(sm, uK, k, kvh, n0, uBN, tid, d, T(1.0))
+        stage(sm, uV, v, kvh, n0, uBN, tid, d, T(1.0))
         # causal: query i sees key j iff j + nq <= i + nk; skip Q blocks that see none of ours
         m_start = U(0)
         if causal and n0 + nq > nk:
@@ -205,8 +227,8 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
             bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
             m0 = m_start
             while m0 < nq:
-                stage(sm, uQ, q, bh, m0, uBM, tid, scale)
-                stage(sm, udO, dout, bh, m0, uBM, tid, T(1.0))
+                stage(sm, uQ, q, bh, m0, uBM, tid, d, scale)
+                stage(sm, udO, dout, bh, m0, uBM, tid, d, T(1.0))
                 row_vectors(sm, uL, uDv, lse, Dvec, bh, m0, uBM, tid)
                 cuda.syncthreads()
                 dot_rows(sm, uK, uQ, s, ty, tx)        # S^T[j, i], summed as the forward did
@@ -233,18 +255,24 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
                 cuda.syncthreads()
                 m0 += uBM
 
-        store_rows(dk, kvh, n0, nk, dk_acc, T(1.0), ty, tx)
-        store_rows(dv, kvh, n0, nk, dv_acc, T(1.0), ty, tx)
+        store_rows(dk, kvh, n0, nk, d, dk_acc, T(1.0), ty, tx)
+        store_rows(dv, kvh, n0, nk, d, dv_acc, T(1.0), ty, tx)
 
     return DynamicSharedKernel(dkdv_fa2, c["nbytes"]), (TX, TY)
 
 
-@functools.lru_cache(maxsize=None)
 def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     """dQ. Launch grid (ceil(Nq / block_m), B*H), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dq, scale, heads, group)."""
+    d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads)
+    return _dq(block_m, block_n, d_pad, d_const, bool(causal), np.dtype(dtype), threads)
+
+
+@functools.lru_cache(maxsize=None)
+def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
-        block_m, block_n, block_m, block_n, head_dim, dtype, threads, 1)
+        block_m, block_n, block_m, block_n, d_pad, d_const, dtype, threads, 1)
+    D_CONST, uD = d_const, U(d_const)
     T, TA, TB, TD, TX, TY = c["T"], c["TA"], c["TB"], c["TD"], c["TX"], c["TY"]
     o = {k_: U(v_) for k_, v_ in c["off"].items()}
     uK, uV, uQ, udO, uL, uDv, udS = o["k"], o["v"], o["q"], o["do"], o["lse"], o["D"], o["w"]
@@ -262,6 +290,9 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
         tid = ty * uTX + tx
         m0 = U(cuda.blockIdx.x) * uBM
         nq, nk = U(q.shape[1]), U(k.shape[1])
+        d = U(q.shape[2])
+        if D_CONST:                                    # the head dim as a constant (d == D_PAD)
+            d = uD
         s = cuda.local.array((TA, TB), T)
         dp = cuda.local.array((TA, TB), T)
         dq_acc = cuda.local.array((TA, TD), T)
@@ -269,8 +300,8 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
             for cc in range(TD):
                 dq_acc[a, cc] = T(0.0)
 
-        stage(sm, uQ, q, bh, m0, uBM, tid, scale)
-        stage(sm, udO, dout, bh, m0, uBM, tid, T(1.0))
+        stage(sm, uQ, q, bh, m0, uBM, tid, d, scale)
+        stage(sm, udO, dout, bh, m0, uBM, tid, d, T(1.0))
         row_vectors(sm, uL, uDv, lse, Dvec, bh, m0, uBM, tid)
         n_end = nk
         if causal:                                     # no key past the block's last row
@@ -278,8 +309,8 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
             n_end = min(nk, last - nq) if last > nq else U(0)
         n0 = U(0)
         while n0 < n_end:
-            stage(sm, uK, k, kvh, n0, uBN, tid, T(1.0))
-            stage(sm, uV, v, kvh, n0, uBN, tid, T(1.0))
+            stage(sm, uK, k, kvh, n0, uBN, tid, d, T(1.0))
+            stage(sm, uV, v, kvh, n0, uBN, tid, d, T(1.0))
             cuda.syncthreads()
             dot_rows(sm, uQ, uK, s, ty, tx)            # S[i, j], the forward's sum exactly
             dot_rows(sm, udO, uV, dp, ty, tx)          # dP[i, j]
@@ -303,7 +334,7 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
             cuda.syncthreads()
             n0 += uBN
 
-        store_rows(dq, bh, m0, nq, dq_acc, scale, ty, tx)
+        store_rows(dq, bh, m0, nq, d, dq_acc, scale, ty, tx)
 
     return DynamicSharedKernel(dq_fa2, c["nbytes"]), (TX, TY)
 

@@ -92,7 +92,6 @@ def default_blocks(head_dim, dtype):
     raise ValueError(f"no tile fits head dim {head_dim}")
 
 
-@functools.lru_cache(maxsize=None)
 def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, prefetch=None):
     """Compile-time constants in, (launcher, threads_per_block) out. Launch as
     launcher[grid, threads](q, k, v, out, lse, scale, heads, group) with grid
@@ -102,7 +101,10 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     when a block needs more than half an SM's shared memory (no second block on the SM then
     hides the loads) and the registers allow it: it costs 2 * block_n * d / threads registers
     per thread, on top of the S and O accumulators; 160 of the 255 for both is what compiled
-    without spills (ptxas -v, sm_90)."""
+    without spills (ptxas -v, sm_90).
+    One compilation serves every head dim that pads to the same D_PAD (the kernel reads d from
+    q), except d == D_PAD, which is compiled with d constant, as the benchmark measured it:
+    fuzzing over random d then compiles a few kernels instead of one per d."""
     check_block("block_m", block_m, 256)
     check_block("block_n", block_n, 256)
     check_head_dim(head_dim)
@@ -118,24 +120,35 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     check_dynamic_shared_memory(
         f"fa2 forward with block_m={block_m}, block_n={block_n}, d={head_dim}", item * total,
         "choose smaller blocks")
-    BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
+    if prefetch is None:
+        TM, TN, TD, NT = block_m // TY, block_n // TX, D_PAD // TX, TY * TX
+        prefetch = (item * total > SM_SHARED_BYTES // 2 and (item // 4) * (
+            TM * TN + TM * TD + 2 * ceil_div(block_n * D_PAD, NT)) <= 160)
+    return _compile(block_m, block_n, D_PAD, head_dim if head_dim == D_PAD else 0,
+                    bool(causal), np.dtype(dtype), (TY, TX), bool(prefetch))
+
+
+@functools.lru_cache(maxsize=None)
+def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch):
+    """The kernel for head dims padded to d_pad (d_const: the head dim as a compile-time
+    constant, or 0 to read it from q); arguments checked by make_forward_kernel."""
+    T = numba_type(dtype)
+    item = T.bitwidth // 8
+    TY, TX, D_PAD, D_ROW, S_ROW, off, total = _layout(block_m, block_n, d_pad, threads, item)
+    PREFETCH, D_CONST = prefetch, d_const
+    BLOCK_M, BLOCK_N = block_m, block_n
     TM, TN = BLOCK_M // TY, BLOCK_N // TX
     TE = D_PAD // (CHUNK * TX)                       # runs of CHUNK O columns per thread
     TD = TE * CHUNK
     NT = TY * TX
     Q_LOADS, KV_LOADS = ceil_div(BLOCK_M * D_PAD, NT), ceil_div(BLOCK_N * D_PAD, NT)
-    if prefetch is None:
-        words = item // 4
-        prefetch = (item * total > SM_SHARED_BYTES // 2
-                    and words * (TM * TN + TM * TD + 2 * KV_LOADS) <= 160)
-    PREFETCH = bool(prefetch)
     Q_EVEN, KV_EVEN = Q_LOADS * NT == BLOCK_M * D_PAD, KV_LOADS * NT == BLOCK_N * D_PAD
     NEXT = KV_LOADS if PREFETCH else 1
     R_ROW = ceil_div(TX, CHUNK) * CHUNK
     WARP_BARRIER = not SIMULATOR                     # the simulator has no syncwarp
     ALIGN = None if SIMULATOR else 16                # the simulator rejects an alignment
     uBM, uBN, uD, uDP, uDR, uSR, uRR, uNT, uTX, uTY = (
-        U(x) for x in (BLOCK_M, BLOCK_N, D, D_PAD, D_ROW, S_ROW, R_ROW, NT, TX, TY))
+        U(x) for x in (BLOCK_M, BLOCK_N, D_CONST, D_PAD, D_ROW, S_ROW, R_ROW, NT, TX, TY))
     uQ, uK, uV, uP, uR = (U(off[x]) for x in "qkvpr")
     uCH, uRUN = U(CHUNK), U(CHUNK * TX)
     dot_rows, accumulate = tile_products(T, TM, TN, TY, TX, D_PAD, D_ROW, S_ROW, D_PAD)
@@ -147,9 +160,9 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         return idx // uDP, idx % uDP
 
     @cuda.jit(device=True)
-    def element(src, head, row0, r, c, mult):
-        """mult * src[head, row0 + r, c], zero past the rows of src or past the head dim."""
-        if row0 + r < U(src.shape[1]) and c < uD:
+    def element(src, head, row0, r, c, d, mult):
+        """mult * src[head, row0 + r, c], zero past the rows of src or past the head dim d."""
+        if row0 + r < U(src.shape[1]) and c < d:
             return src[head, row0 + r, c] * mult
         return T(0.0)
 
@@ -163,6 +176,9 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         tid = ty * uTX + tx
         m0 = U(cuda.blockIdx.x) * uBM
         nq, nk = U(q.shape[1]), U(k.shape[1])
+        d = U(q.shape[2])
+        if D_CONST:                                # the head dim as a constant (d == D_PAD)
+            d = uD
         # causal: key j visible to query i iff j <= i + nk - nq, i.e. j + nq <= i + nk
 
         s = cuda.local.array((TM, TN), T)
@@ -176,7 +192,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         for it in range(Q_LOADS):
             r, c = slot(it, tid)
             if Q_EVEN or r < uBM:
-                sm[uQ + r * uDR + c] = element(q, bh, m0, r, c, T(scale))
+                sm[uQ + r * uDR + c] = element(q, bh, m0, r, c, d, T(scale))
         for a in range(TM):
             m[a] = T(NEG_INF)
             l[a] = T(0.0)
@@ -193,8 +209,8 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
             for it in range(KV_LOADS):
                 j, c = slot(it, tid)
                 if KV_EVEN or j < uBN:
-                    sm[uK + j * uDR + c] = element(k, kv, n0, j, c, T(1.0))
-                    sm[uV + j * uDP + c] = element(v, kv, n0, j, c, T(1.0))
+                    sm[uK + j * uDR + c] = element(k, kv, n0, j, c, d, T(1.0))
+                    sm[uV + j * uDP + c] = element(v, kv, n0, j, c, d, T(1.0))
         cuda.syncthreads()
         while n0 < n_end:
             # 1. issue the loads of the next K/V tile into registers; they land while this
@@ -204,8 +220,8 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                 for it in range(KV_LOADS):
                     j, c = slot(it, tid)
                     if KV_EVEN or j < uBN:
-                        k_next[it] = element(k, kv, n1, j, c, T(1.0))
-                        v_next[it] = element(v, kv, n1, j, c, T(1.0))
+                        k_next[it] = element(k, kv, n1, j, c, d, T(1.0))
+                        v_next[it] = element(v, kv, n1, j, c, d, T(1.0))
 
             # 2. S = Q K^T, CHUNK columns of the head dim at a time (vector loads)
             dot_rows(sm, uQ, uK, s, ty, tx)
@@ -259,8 +275,8 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                             sm[uK + j * uDR + c] = k_next[it]
                             sm[uV + j * uDP + c] = v_next[it]
                         else:
-                            sm[uK + j * uDR + c] = element(k, kv, n1, j, c, T(1.0))
-                            sm[uV + j * uDP + c] = element(v, kv, n1, j, c, T(1.0))
+                            sm[uK + j * uDR + c] = element(k, kv, n1, j, c, d, T(1.0))
+                            sm[uV + j * uDP + c] = element(v, kv, n1, j, c, d, T(1.0))
                 cuda.syncthreads()
             n0 = n1
 
@@ -282,7 +298,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                 for e in range(TE):
                     for cc in range(CHUNK):
                         col = U(e) * uRUN + tx * uCH + U(cc)
-                        if col < uD:
+                        if col < d:
                             out[bh, i, col] = o[a, e * CHUNK + cc] * inv_l
                 if tx == U(0):
                     lse[bh, i] = m[a] + math.log(l_i) if l_i > T(0.0) else T(NEG_INF)
