@@ -14,8 +14,11 @@ from numba_flash import flash_attention_backward, flash_attention_forward
 from numba_flash.kernels import BACKWARD, FORWARD
 from numba_flash.testing import Case, check_backward, check_forward
 
+# the last two span several K/V tiles at every kernel's default tiles, so that fa2's prefetch of
+# the next tile (and the barriers around it) runs under the sanitizer
 CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True), Case("masked", 1, 1, 1, 70, 20, 17, causal=True),
-         Case("one row", 1, 1, 1, 1, 33, 128))
+         Case("one row", 1, 1, 1, 1, 33, 128), Case("several tiles", 1, 2, 1, 70, 300, 64),
+         Case("several tiles, causal", 1, 1, 1, 130, 200, 128, causal=True))
 
 
 def main():
