@@ -103,12 +103,9 @@ def test_bench_times_every_registered_forward_and_backward_variant():
         assert fwd is None and fwd_bwd is not None
 
 
-def test_fa2_kernels_compile_once_per_padded_head_dim():
+def test_fa2_backward_compiles_once_per_padded_head_dim():
     # every d that pads to the same D_PAD shares one compiled kernel (d read from q at run
-    # time); d == D_PAD gets its own, with d a constant (what the benchmark measures)
-    f = forward_fa2.make_forward_kernel
-    assert f(64, 64, 59, False, np.float32)[0] is f(64, 64, 61, False, np.float32)[0]
-    assert f(64, 64, 59, False, np.float32)[0] is not f(64, 64, 64, False, np.float32)[0]
+    # time); d == D_PAD gets its own, with d a constant
     for make in (backward_fa2.make_dkdv_kernel, backward_fa2.make_dq_kernel):
         assert make(32, 32, 100, True, np.float32)[0] is make(32, 32, 111, True, np.float32)[0]
         assert make(32, 32, 100, True, np.float32)[0] is not make(32, 32, 128, True, np.float32)[0]

@@ -31,10 +31,11 @@ import numpy as np
 from numba import cuda
 
 from .backward import make_preprocess_kernel
-from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
-                     ceil_div, check_block, check_dynamic_shared_memory, check_head_dim, kv_head,
+from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel,
+                     ceil_div, check_block, check_shared_memory, check_head_dim, kv_head,
                      numba_type)
-from .fa2_tiles import CHUNK, DEVICE, PAD, tile_products
+from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
+                        warp_barrier)
 
 
 def thread_shape(block_m, block_n, head_dim, threads=None):
@@ -42,9 +43,7 @@ def thread_shape(block_m, block_n, head_dim, threads=None):
     blocks) and TY = 16 (fewer for small blocks)."""
     if threads is not None:
         return tuple(threads)
-    tx = 16
-    while tx > 4 and tx * CHUNK >= 2 * head_dim:
-        tx //= 2
+    tx = lanes_for_head_dim(head_dim)
     while tx > 1 and (block_m % tx or block_n % tx):
         tx //= 2
     ty = 16
@@ -107,9 +106,10 @@ def _check(block_m, block_n, head_dim, dtype, threads):
         if b % TY or b % TX or b % CHUNK:
             raise ValueError(f"fa2 backward needs {name} a multiple of {TY}, {TX} and "
                              f"{CHUNK}, got {b}")
-    check_dynamic_shared_memory(
+    check_shared_memory(
         f"fa2 backward with block_m={block_m}, block_n={block_n}, d={head_dim}", item * total,
-        "choose smaller blocks")
+        "choose smaller blocks",
+        DYNAMIC_SHARED_MEMORY_BYTES)
     return D_PAD, head_dim if head_dim == D_PAD else 0, (TY, TX)
 
 
@@ -174,6 +174,18 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, 
     return sizes, stage, dot_rows, accumulate, store_rows, row_vectors
 
 
+@functools.lru_cache(maxsize=None)
+def _recompute_p(T, causal):
+    @cuda.jit(**DEVICE)
+    def recompute_p(s_ij, lse_i, i, j, nq, nk):
+        """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk), 0
+        elsewhere and on rows that saw no key (lse = -inf)."""
+        if i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF):
+            return math.exp(s_ij - lse_i)
+        return T(0.0)
+    return recompute_p
+
+
 def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dk, dv, scale, heads, group)."""
@@ -186,13 +198,12 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
         block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2)
     D_CONST, uD = d_const, U(d_const)
+    recompute_p = _recompute_p(c["T"], causal)
     T, TA, TB, TD, TX, TY = c["T"], c["TA"], c["TB"], c["TD"], c["TX"], c["TY"]
     o = {k_: U(v_) for k_, v_ in c["off"].items()}
     uK, uV, uQ, udO, uL, uDv, uW = o["k"], o["v"], o["q"], o["do"], o["lse"], o["D"], o["w"]
     uWR, uBM, uBN, uTX, uTY, uNT = (U(x) for x in (c["W_ROW"], block_m, block_n, TX, TY, TX * TY))
     uPT, udST = uW, uW + U(block_n * c["W_ROW"])
-    WARP_BARRIER = not SIMULATOR                     # the simulator has no syncwarp
-    ALIGN = None if SIMULATOR else 16                # the simulator rejects an alignment
 
     @cuda.jit
     def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, scale, heads, group):
@@ -239,17 +250,10 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads):
                     for b in range(TB):
                         il = tx + U(b) * uTX
                         i = m0 + il
-                        lse_i = sm[uL + il]
-                        visible = i < nq and j < nk and (not causal or j + nq <= i + nk)
-                        p = T(0.0)
-                        if visible and lse_i != T(NEG_INF):       # guard: fully masked row
-                            p = math.exp(s[a, b] - lse_i)
+                        p = recompute_p(s[a, b], sm[uL + il], i, j, nq, nk)
                         sm[uPT + jl * uWR + il] = p
                         sm[udST + jl * uWR + il] = p * (dp[a, b] - sm[uDv + il])
-                if WARP_BARRIER:
-                    cuda.syncwarp()
-                else:
-                    cuda.syncthreads()
+                warp_barrier()
                 accumulate(sm, uPT, udO, uBM, dv_acc, ty, tx)    # dV += P^T dO
                 accumulate(sm, udST, uQ, uBM, dk_acc, ty, tx)    # dK += dS^T (scale Q)
                 cuda.syncthreads()
@@ -273,12 +277,11 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
         block_m, block_n, block_m, block_n, d_pad, d_const, dtype, threads, 1)
     D_CONST, uD = d_const, U(d_const)
+    recompute_p = _recompute_p(c["T"], causal)
     T, TA, TB, TD, TX, TY = c["T"], c["TA"], c["TB"], c["TD"], c["TX"], c["TY"]
     o = {k_: U(v_) for k_, v_ in c["off"].items()}
     uK, uV, uQ, udO, uL, uDv, udS = o["k"], o["v"], o["q"], o["do"], o["lse"], o["D"], o["w"]
     uWR, uBM, uBN, uTX, uTY, uNT = (U(x) for x in (c["W_ROW"], block_m, block_n, TX, TY, TX * TY))
-    WARP_BARRIER = not SIMULATOR
-    ALIGN = None if SIMULATOR else 16
 
     @cuda.jit
     def dq_fa2(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
@@ -321,15 +324,9 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
                 for b in range(TB):
                     jl = tx + U(b) * uTX
                     j = n0 + jl
-                    visible = i < nq and j < nk and (not causal or j + nq <= i + nk)
-                    p = T(0.0)
-                    if visible and lse_i != T(NEG_INF):           # guard: fully masked row
-                        p = math.exp(s[a, b] - lse_i)
+                    p = recompute_p(s[a, b], lse_i, i, j, nq, nk)
                     sm[udS + il * uWR + jl] = p * (dp[a, b] - sm[uDv + il])
-            if WARP_BARRIER:
-                cuda.syncwarp()
-            else:
-                cuda.syncthreads()
+            warp_barrier()
             accumulate(sm, udS, uK, uBN, dq_acc, ty, tx)         # dQ += dS K
             cuda.syncthreads()
             n0 += uBN

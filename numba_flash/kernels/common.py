@@ -34,12 +34,14 @@ def check_head_dim(head_dim):
         raise ValueError(f"head dim must be in 1..{MAX_HEAD_DIM}, got {head_dim!r}")
 
 
-def check_shared_memory(what, nbytes, hint):
-    """ValueError when a tile configuration needs more static shared memory than a block has."""
-    if nbytes > SHARED_MEMORY_BYTES:
+def check_shared_memory(what, nbytes, hint, limit=SHARED_MEMORY_BYTES):
+    """ValueError when a tile configuration needs more shared memory than a block can have:
+    `limit` is the 48 KiB of static shared memory, or DYNAMIC_SHARED_MEMORY_BYTES for kernels
+    launched through DynamicSharedKernel."""
+    if nbytes > limit:
         raise ValueError(
             f"{what} needs {nbytes} bytes of shared memory per block, more than the "
-            f"{SHARED_MEMORY_BYTES} a block can have; {hint}")
+            f"{limit} a block can have; {hint}")
 
 
 def ceil_div(a, b):
@@ -70,13 +72,6 @@ U = np.uint32
 # (cuda.shared.array(0, T), sized at launch).
 DYNAMIC_SHARED_MEMORY_BYTES = 227 * 1024
 
-
-def check_dynamic_shared_memory(what, nbytes, hint):
-    """ValueError when a tile configuration needs more shared memory than a Hopper block has."""
-    if nbytes > DYNAMIC_SHARED_MEMORY_BYTES:
-        raise ValueError(
-            f"{what} needs {nbytes} bytes of shared memory per block, more than the "
-            f"{DYNAMIC_SHARED_MEMORY_BYTES} a block can have; {hint}")
 
 
 class DynamicSharedKernel:

@@ -19,6 +19,26 @@ from .common import SIMULATOR, U
 CHUNK = 4      # elements per vector load (16 bytes in float32; float64 reads two v2)
 PAD = 4        # row padding of arrays read by rows from different lanes (see forward_fa2)
 DEVICE = dict(device=True) if SIMULATOR else dict(device=True, forceinline=True)
+ALIGN = None if SIMULATOR else 16      # of the dynamic shared array; the simulator rejects one
+
+
+def lanes_for_head_dim(head_dim):
+    """TX, the threads of a row along the head dim: 16, or 8 / 4 when d is small, so that
+    little of the padded head dim (a multiple of CHUNK * TX) is padding."""
+    tx = 16
+    while tx > 4 and tx * CHUNK >= 2 * head_dim:
+        tx //= 2
+    return tx
+
+
+@cuda.jit(**DEVICE)
+def warp_barrier():
+    """Barrier for data that stays inside a warp (rows owned by one warp); the simulator has
+    no syncwarp, so there it is a block barrier."""
+    if SIMULATOR:
+        cuda.syncthreads()
+    else:
+        cuda.syncwarp()
 
 
 @functools.lru_cache(maxsize=None)

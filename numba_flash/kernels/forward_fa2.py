@@ -33,24 +33,22 @@ import numpy as np
 
 from numba import cuda
 
-from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
-                     ceil_div, check_block, check_dynamic_shared_memory, check_head_dim, kv_head,
+from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel,
+                     ceil_div, check_block, check_shared_memory, check_head_dim, kv_head,
                      numba_type)
-from .fa2_tiles import CHUNK, PAD, tile_products
+from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,
+                        warp_barrier)
 
 SM_SHARED_BYTES = 228 * 1024   # shared memory of one Hopper SM (H100, H200)
 
 
 def thread_shape(block_m, block_n, head_dim, threads=None, item=4):
-    """(TY, TX): `threads` if given, else TX = 16 threads along keys and head dim (4 or 8 where
-    the head dim is small, so that little of a tile is padding; fewer if block_n is small) and TY = block_m / TM,
-    where each thread owns TM = 8 query rows (4 for d > 128 or float64, whose O accumulators
-    would not fit in registers)."""
+    """(TY, TX): `threads` if given, else TX from fa2_tiles.lanes_for_head_dim (fewer if
+    block_n is small) and TY = block_m / TM, where each thread owns TM = 8 query rows (4 for
+    d > 128 or float64, whose O accumulators would not fit in registers)."""
     if threads is not None:
         return tuple(threads)
-    tx = 16
-    while tx > 4 and tx * CHUNK >= 2 * head_dim:
-        tx //= 2
+    tx = lanes_for_head_dim(head_dim)
     while tx > 1 and block_n % tx:
         tx //= 2
     rows = 8 if head_dim <= 128 and item == 4 else 4
@@ -92,6 +90,7 @@ def default_blocks(head_dim, dtype):
     raise ValueError(f"no tile fits head dim {head_dim}")
 
 
+@functools.lru_cache(maxsize=None)
 def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, prefetch=None):
     """Compile-time constants in, (launcher, threads_per_block) out. Launch as
     launcher[grid, threads](q, k, v, out, lse, scale, heads, group) with grid
@@ -101,10 +100,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     when a block needs more than half an SM's shared memory (no second block on the SM then
     hides the loads) and the registers allow it: it costs 2 * block_n * d / threads registers
     per thread, on top of the S and O accumulators; 160 of the 255 for both is what compiled
-    without spills (ptxas -v, sm_90).
-    One compilation serves every head dim that pads to the same D_PAD (the kernel reads d from
-    q), except d == D_PAD, which is compiled with d constant, as the benchmark measured it:
-    fuzzing over random d then compiles a few kernels instead of one per d."""
+    without spills (ptxas -v, sm_90)."""
     check_block("block_m", block_m, 256)
     check_block("block_n", block_n, 256)
     check_head_dim(head_dim)
@@ -117,38 +113,26 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     if block_m % TY or block_n % TX or block_n % CHUNK:
         raise ValueError(f"fa2 forward needs block_m a multiple of {TY} and block_n a multiple "
                          f"of {max(TX, CHUNK)}, got {block_m} and {block_n}")
-    check_dynamic_shared_memory(
+    check_shared_memory(
         f"fa2 forward with block_m={block_m}, block_n={block_n}, d={head_dim}", item * total,
-        "choose smaller blocks")
-    if prefetch is None:
-        TM, TN, TD, NT = block_m // TY, block_n // TX, D_PAD // TX, TY * TX
-        prefetch = (item * total > SM_SHARED_BYTES // 2 and (item // 4) * (
-            TM * TN + TM * TD + 2 * ceil_div(block_n * D_PAD, NT)) <= 160)
-    return _compile(block_m, block_n, D_PAD, head_dim if head_dim == D_PAD else 0,
-                    bool(causal), np.dtype(dtype), (TY, TX), bool(prefetch))
-
-
-@functools.lru_cache(maxsize=None)
-def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch):
-    """The kernel for head dims padded to d_pad (d_const: the head dim as a compile-time
-    constant, or 0 to read it from q); arguments checked by make_forward_kernel."""
-    T = numba_type(dtype)
-    item = T.bitwidth // 8
-    TY, TX, D_PAD, D_ROW, S_ROW, off, total = _layout(block_m, block_n, d_pad, threads, item)
-    PREFETCH, D_CONST = prefetch, d_const
-    BLOCK_M, BLOCK_N = block_m, block_n
+        "choose smaller blocks",
+        DYNAMIC_SHARED_MEMORY_BYTES)
+    BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
     TM, TN = BLOCK_M // TY, BLOCK_N // TX
     TE = D_PAD // (CHUNK * TX)                       # runs of CHUNK O columns per thread
     TD = TE * CHUNK
     NT = TY * TX
     Q_LOADS, KV_LOADS = ceil_div(BLOCK_M * D_PAD, NT), ceil_div(BLOCK_N * D_PAD, NT)
+    if prefetch is None:
+        words = item // 4
+        prefetch = (item * total > SM_SHARED_BYTES // 2
+                    and words * (TM * TN + TM * TD + 2 * KV_LOADS) <= 160)
+    PREFETCH = bool(prefetch)
     Q_EVEN, KV_EVEN = Q_LOADS * NT == BLOCK_M * D_PAD, KV_LOADS * NT == BLOCK_N * D_PAD
     NEXT = KV_LOADS if PREFETCH else 1
     R_ROW = ceil_div(TX, CHUNK) * CHUNK
-    WARP_BARRIER = not SIMULATOR                     # the simulator has no syncwarp
-    ALIGN = None if SIMULATOR else 16                # the simulator rejects an alignment
     uBM, uBN, uD, uDP, uDR, uSR, uRR, uNT, uTX, uTY = (
-        U(x) for x in (BLOCK_M, BLOCK_N, D_CONST, D_PAD, D_ROW, S_ROW, R_ROW, NT, TX, TY))
+        U(x) for x in (BLOCK_M, BLOCK_N, D, D_PAD, D_ROW, S_ROW, R_ROW, NT, TX, TY))
     uQ, uK, uV, uP, uR = (U(off[x]) for x in "qkvpr")
     uCH, uRUN = U(CHUNK), U(CHUNK * TX)
     dot_rows, accumulate = tile_products(T, TM, TN, TY, TX, D_PAD, D_ROW, S_ROW, D_PAD)
@@ -160,9 +144,9 @@ def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch)
         return idx // uDP, idx % uDP
 
     @cuda.jit(device=True)
-    def element(src, head, row0, r, c, d, mult):
-        """mult * src[head, row0 + r, c], zero past the rows of src or past the head dim d."""
-        if row0 + r < U(src.shape[1]) and c < d:
+    def element(src, head, row0, r, c, mult):
+        """mult * src[head, row0 + r, c], zero past the rows of src or past the head dim."""
+        if row0 + r < U(src.shape[1]) and c < uD:
             return src[head, row0 + r, c] * mult
         return T(0.0)
 
@@ -176,9 +160,6 @@ def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch)
         tid = ty * uTX + tx
         m0 = U(cuda.blockIdx.x) * uBM
         nq, nk = U(q.shape[1]), U(k.shape[1])
-        d = U(q.shape[2])
-        if D_CONST:                                # the head dim as a constant (d == D_PAD)
-            d = uD
         # causal: key j visible to query i iff j <= i + nk - nq, i.e. j + nq <= i + nk
 
         s = cuda.local.array((TM, TN), T)
@@ -192,7 +173,7 @@ def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch)
         for it in range(Q_LOADS):
             r, c = slot(it, tid)
             if Q_EVEN or r < uBM:
-                sm[uQ + r * uDR + c] = element(q, bh, m0, r, c, d, T(scale))
+                sm[uQ + r * uDR + c] = element(q, bh, m0, r, c, T(scale))
         for a in range(TM):
             m[a] = T(NEG_INF)
             l[a] = T(0.0)
@@ -209,8 +190,8 @@ def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch)
             for it in range(KV_LOADS):
                 j, c = slot(it, tid)
                 if KV_EVEN or j < uBN:
-                    sm[uK + j * uDR + c] = element(k, kv, n0, j, c, d, T(1.0))
-                    sm[uV + j * uDP + c] = element(v, kv, n0, j, c, d, T(1.0))
+                    sm[uK + j * uDR + c] = element(k, kv, n0, j, c, T(1.0))
+                    sm[uV + j * uDP + c] = element(v, kv, n0, j, c, T(1.0))
         cuda.syncthreads()
         while n0 < n_end:
             # 1. issue the loads of the next K/V tile into registers; they land while this
@@ -220,8 +201,8 @@ def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch)
                 for it in range(KV_LOADS):
                     j, c = slot(it, tid)
                     if KV_EVEN or j < uBN:
-                        k_next[it] = element(k, kv, n1, j, c, d, T(1.0))
-                        v_next[it] = element(v, kv, n1, j, c, d, T(1.0))
+                        k_next[it] = element(k, kv, n1, j, c, T(1.0))
+                        v_next[it] = element(v, kv, n1, j, c, T(1.0))
 
             # 2. S = Q K^T, CHUNK columns of the head dim at a time (vector loads)
             dot_rows(sm, uQ, uK, s, ty, tx)
@@ -234,10 +215,7 @@ def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch)
                         s[a, b] = T(NEG_INF)
                     row_max = max(row_max, s[a, b])
                 sm[uR + r * uRR + tx] = row_max
-            if WARP_BARRIER:
-                cuda.syncwarp()
-            else:
-                cuda.syncthreads()
+            warp_barrier()
 
             # 3. statistics (every thread of a row computes the same m_new), P, O *= alpha
             for a in range(TM):
@@ -257,10 +235,7 @@ def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch)
                 m[a] = m_new
                 for c in range(TD):
                     o[a, c] *= alpha
-            if WARP_BARRIER:
-                cuda.syncwarp()
-            else:
-                cuda.syncthreads()
+            warp_barrier()
 
             # 4. O += P V, CHUNK keys at a time; this thread's columns are runs of CHUNK
             accumulate(sm, uP, uV, uBN, o, ty, tx)
@@ -275,18 +250,15 @@ def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch)
                             sm[uK + j * uDR + c] = k_next[it]
                             sm[uV + j * uDP + c] = v_next[it]
                         else:
-                            sm[uK + j * uDR + c] = element(k, kv, n1, j, c, d, T(1.0))
-                            sm[uV + j * uDP + c] = element(v, kv, n1, j, c, d, T(1.0))
+                            sm[uK + j * uDR + c] = element(k, kv, n1, j, c, T(1.0))
+                            sm[uV + j * uDP + c] = element(v, kv, n1, j, c, T(1.0))
                 cuda.syncthreads()
             n0 = n1
 
         # l = sum of the row's partial sums; out = O / l; rows that saw no key give 0, -inf
         for a in range(TM):
             sm[uR + (ty + U(a) * uTY) * uRR + tx] = l[a]
-        if WARP_BARRIER:
-            cuda.syncwarp()
-        else:
-            cuda.syncthreads()
+        warp_barrier()
         for a in range(TM):
             r = ty + U(a) * uTY
             i = m0 + r
@@ -298,7 +270,7 @@ def _compile(block_m, block_n, d_pad, d_const, causal, dtype, threads, prefetch)
                 for e in range(TE):
                     for cc in range(CHUNK):
                         col = U(e) * uRUN + tx * uCH + U(cc)
-                        if col < d:
+                        if col < uD:
                             out[bh, i, col] = o[a, e * CHUNK + cc] * inv_l
                 if tx == U(0):
                     lse[bh, i] = m[a] + math.log(l_i) if l_i > T(0.0) else T(NEG_INF)
