@@ -12,6 +12,10 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     p_verify = sub.add_parser("verify", help="every registered kernel against the reference")
     p_verify.add_argument("--quiet", action="store_true", help="print failing rows only")
+    p_verify.add_argument("--forward", nargs="*", default=None, metavar="KERNEL",
+                          help="forward kernels to check (default all; none: no forward rows)")
+    p_verify.add_argument("--backward", nargs="*", default=None, metavar="KERNEL",
+                          help="backward kernels to check (default all; none: no backward rows)")
     p_bench = sub.add_parser("bench", help="TFLOP/s and peak memory beside the peers")
     p_bench.add_argument("--json", default="bench.json", help="file for every figure")
     p_bench.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
@@ -20,7 +24,7 @@ def main(argv=None):
                          help="also forward+backward at N = 131072 (B 1, H 16, d 128, float32)")
     sub.add_parser("info", help="versions, device, registered kernels")
     tune = sub.add_parser("tune", help="time the kernels over tile and thread shapes")
-    tune.add_argument("--forward", nargs="+", default=["tiled", "fa2"], metavar="KERNEL",
+    tune.add_argument("--forward", nargs="*", default=["tiled", "fa2"], metavar="KERNEL",
                       help="forward kernels to tune (tiled, fa2)")
     tune.add_argument("--backward", nargs="*", default=["tiled", "fa2"], metavar="KERNEL",
                       help="backward kernels to tune (tiled, fa2; none: forward only)")
@@ -41,7 +45,8 @@ def main(argv=None):
 
     if args.command == "verify":
         from . import verify
-        return verify.main(numba_flash.SIMULATOR, quiet=args.quiet)
+        return verify.main(numba_flash.SIMULATOR, quiet=args.quiet, forward=args.forward,
+                           backward=args.backward)
     if args.command == "bench":
         if numba_flash.SIMULATOR:
             print("numba-flash bench needs a CUDA GPU; none was found", file=sys.stderr)

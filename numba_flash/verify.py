@@ -1,5 +1,6 @@
 """`numba-flash verify`: every registered kernel over a fixed set of cases against truth."""
 
+import sys
 import time
 
 import numpy as np
@@ -39,18 +40,27 @@ def _row(kernel, dtype, case, c):
                 output=c.name, max_err=c.max_err, allowed=c.allowed, ok=c.ok, note=c.note)
 
 
-def main(simulator, quiet=False):
-    """Print the table; return 0 when every row passes, 1 otherwise."""
+def main(simulator, quiet=False, forward=None, backward=None):
+    """Print the table; return 0 when every row passes, 1 otherwise, 2 for an unknown kernel.
+    forward, backward: names of registered kernels to check (None: all of them)."""
+    forward = sorted(FORWARD) if forward is None else list(forward)
+    backward = sorted(BACKWARD) if backward is None else list(backward)
+    unknown = [f"forward {n}" for n in forward if n not in FORWARD] + \
+        [f"backward {n}" for n in backward if n not in BACKWARD]
+    if unknown or not (forward or backward):
+        print(f"verify: unknown kernels {unknown}; forward {sorted(FORWARD)}, backward "
+              f"{sorted(BACKWARD)}" if unknown else "verify: no kernel chosen", file=sys.stderr)
+        return 2
     cases = SIMULATOR_CASES if simulator else GPU_CASES
     where = ("the CUDA simulator (no GPU found), at small sizes" if simulator
              else "the GPU")
     print(f"numba-flash verify: {len(cases)} cases on {where}; kernels forward "
-          f"{sorted(FORWARD)}, backward {sorted(BACKWARD)}; truth one precision up")
+          f"{forward}, backward {backward}; truth one precision up")
     header = f"{'kernel':<13} {'dtype':<8} {'out':<4} {'max err':>10} {'allowed':>10}  pass  case"
     print(header)
     failed = 0
     t0 = time.time()
-    for row in run_checks(cases):
+    for row in run_checks(cases, forward=forward, backward=backward):
         failed += not row["ok"]
         if quiet and row["ok"]:
             continue
