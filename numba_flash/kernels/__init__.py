@@ -59,6 +59,6 @@ def register_backward(name, run, default_blocks):
 
 
 register_backward("tiled", backward.run_backward, backward.default_blocks)
-register_backward("fa2", backward_fa2.run_backward, backward_fa2.default_blocks)   # not yet timed
+register_backward("fa2", backward_fa2.run_backward, backward_fa2.default_blocks)
 
-DEFAULT_BACKWARD = "tiled"
+DEFAULT_BACKWARD = "fa2"
