@@ -1,13 +1,15 @@
 # %% [markdown]
 # # 6. Performance
 #
-# **Claim** (H200, float32, 2026-11-29, `numba-flash bench`): the `fa2` forward (the default)
-# beats torch's math backend at every N ≥ 1024 at d = 64 (not causal and causal) and under
-# causal masking at d = 128; at d = 128 without masking it wins from N = 2048 and ties at 1024
-# (within 1 %). It is 1.05–1.9× the `tiled` forward it grew from. Forward+backward (fa2 forward,
-# tiled backward) is behind torch math except under causal masking at d = 64, where it wins
-# from N = 1024. torch's efficient kernel is ahead everywhere. The JSON in `notebooks/data`
-# holds every figure with its date, GPU and versions.
+# **Claim** (H200, float32, 2026-11-29 12:54 UTC, `numba-flash bench`, fa2 forward and fa2
+# backward as the defaults): the `fa2` forward beats torch's math backend at every N ≥ 1024 at
+# d = 64 (not causal and causal) and under causal masking at d = 128; at d = 128 without masking
+# it wins from N = 2048 and loses at 1024 (0.93×; a 1.00× tie in an earlier run). It is
+# 1.1–1.9× the `tiled` forward it grew from. Forward+backward (fa2 + fa2) beats torch math under
+# causal masking at d = 64 from N = 1024 and at d = 128 from N = 4096 (by 1–6 %), and is behind
+# it without masking (0.43–0.81×); the fa2 backward makes forward+backward 1.2–1.55× what it was
+# with the tiled backward (N ≥ 1024). torch's efficient kernel is ahead everywhere. The JSON in
+# `notebooks/data` holds every figure with its date, GPU and versions.
 
 # %%
 import json
@@ -16,7 +18,7 @@ import pathlib
 import matplotlib.pyplot as plt
 
 base = pathlib.Path("notebooks/data") if pathlib.Path("notebooks/data").exists() else pathlib.Path("data")
-data = json.loads((base / "bench-h200-2026-11-29-fa2.json").read_text())
+data = json.loads((base / "bench-h200-2026-11-29-bwd-fa2.json").read_text())
 env, records = data["environment"], data["records"]
 print(env)
 
@@ -58,13 +60,17 @@ def beats(mode, d, causal, from_n=1024, **kw):
 
 
 assert beats("fwd", 64, False) and beats("fwd", 64, True) and beats("fwd", 128, True)
-assert beats("fwd", 128, False, from_n=2048) and abs(ratios("fwd", 128, False)[1024] - 1) < 0.01
+assert beats("fwd", 128, False, from_n=2048) and ratios("fwd", 128, False)[1024] < 1
 gain = [r for d in (64, 128) for c in (False, True)
         for r in ratios("fwd", d, c, peer="numba-flash tiled", from_n=512).values()]
-assert 1.05 < min(gain) and max(gain) < 2.0, gain
-assert beats("fwd+bwd", 64, True)
-assert not beats("fwd+bwd", 64, False) and not beats("fwd+bwd", 128, False)
-assert not beats("fwd+bwd", 128, True)
+assert 1.1 < min(gain) and max(gain) < 1.9, gain
+assert beats("fwd+bwd", 64, True) and beats("fwd+bwd", 128, True, from_n=4096)
+assert not beats("fwd+bwd", 128, True, from_n=1024)
+assert not any(r > 1 for d in (64, 128)
+               for r in ratios("fwd+bwd", d, False, from_n=512).values())
+bwd_gain = [r for d in (64, 128) for c in (False, True)
+            for r in ratios("fwd+bwd", d, c, peer="numba-flash fa2, backward tiled").values()]
+assert 1.15 < min(bwd_gain) and max(bwd_gain) < 1.6, bwd_gain
 for d in (64, 128):
     for c in (False, True):
         assert not any(r > 1 for r in ratios("fwd", d, c, peer="torch efficient", from_n=512).values())

@@ -166,8 +166,15 @@ def d_is_rowsum_of_p_dp(kernel, p):
     kk, vv = expand_kv(q, k, v)
     P, dP = reference_p_dp(q, kk, vv, dout, p.causal, dtype=truth_dtype(q.dtype))
     same = (dout * ref.attention_forward(q, kk, vv, causal=p.causal)[0]).sum(axis=-1)
+    # D is computed from the forward's O, so O's own error (checked by "forward agrees")
+    # reaches D as sum_c |dO_ic| |O_ic - truth_ic|: that much is allowed on top
+    hi = truth_dtype(q.dtype)
+    o_truth = ref.attention_forward(q.astype(hi), kk.astype(hi), vv.astype(hi), causal=p.causal)[0]
+    o_err = np.abs(out.astype(hi) - o_truth)
+    o_err = float((np.abs(dout) * o_err).sum(axis=-1).max()) if o_err.size else 0.0
     return Outcome("D = rowsum(P * dP)", kernel, p,
-                   [compare("D", D, (P * dP).sum(axis=-1), same, GRADIENT_MULTIPLE, q.dtype)])
+                   [compare("D", D, (P * dP).sum(axis=-1), same, GRADIENT_MULTIPLE, q.dtype,
+                            extra=o_err)])
 
 
 # name -> (function, which registry it checks, which tiles to draw)

@@ -16,6 +16,15 @@ adds S_ROUNDING_ULPS units of the largest term sum to lse's and that times the l
 max_j v_jc - min_j v_jc to out's. Without it, head-dim-order kernels failed
 on the GPU at 1.5x the allowed error in the near-cancelling and row-offset regimes
 (tests/test_tolerance.py replays both in NumPy).
+
+The backward adds what the FlashAttention algorithm itself rounds and NumPy's materialized
+softmax does not: P is recomputed as exp(S - lse) from an lse stored in the kernel's precision.
+S is recomputed exactly as the forward computed it, so its own rounding is shared with lse and
+cancels in S - lse; what remains is the rounding of lse and of the subtraction, a unit of
+roundoff each at |lse|. So P is off by up to S_ROUNDING_ULPS units of max |lse| relative, and
+each gradient's floor adds that times its terms. At logits of order 1 (|lse| ~ 10) this about
+doubles the floor; with rows offset by 1e3 (|lse| ~ 1e3) the kernels' dk was off by 1e-4
+relative, 9x what the floor without it allowed (gpu fuzz, 2026-11-29; tests/test_tolerance.py).
 """
 
 from dataclasses import dataclass
@@ -133,9 +142,10 @@ def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None):
     if kv_heads is not None and kv_heads != q.shape[1]:
         truth = (truth[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in truth[1:])
         same = (same[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in same[1:])
-    terms = _gradient_terms(dout, q, k, v, causal, scale)
-    return [compare(name, got, t, s, GRADIENT_MULTIPLE, dtype, terms=m)
-            for name, got, t, s, m in zip(("dq", "dk", "dv"), (dq, dk, dv), truth, same, terms)]
+    terms, extras = _gradient_terms(dout, q, k, v, causal, scale)
+    return [compare(name, got, t, s, GRADIENT_MULTIPLE, dtype, terms=m, extra=e)
+            for name, got, t, s, m, e in zip(("dq", "dk", "dv"), (dq, dk, dv), truth, same,
+                                             terms, extras)]
 
 
 def reference_p_dp(q, k, v, dout, causal=False, scale=None, dtype=np.float64):
@@ -149,15 +159,22 @@ def reference_p_dp(q, k, v, dout, causal=False, scale=None, dtype=np.float64):
 
 
 def _gradient_terms(dout, q, k, v, causal, scale):
-    """Sizes of the sums behind dq, dk, dv (float64): dq_i = scale sum_j dS_ij k_j, dk_j =
-    scale sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i. Rows of dS sum to zero, so dq can cancel
-    to ~0 while its terms do not; the rounding floor follows the terms."""
+    """(terms, extras) for dq, dk, dv. terms: sizes of the sums behind them (float64): dq_i =
+    scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i. Rows of dS sum
+    to zero, so dq can cancel to ~0 while its terms do not; the rounding floor follows the
+    terms. extras: the rounding of P recomputed from lse (module docstring)."""
     s = ref.default_scale(q.shape[-1], scale)
     P, dP = reference_p_dp(q, k, v, dout, causal, scale)
     dS = np.abs(P * (dP - (P * dP).sum(axis=-1, keepdims=True)))
-    return (s * dS.sum(axis=-1).max() * float(np.abs(k).max()),
-            s * dS.sum(axis=-2).max() * float(np.abs(q).max()),
-            P.sum(axis=-2).max() * float(np.abs(dout).max()))
+    q_max, k_max = float(np.abs(q).max()), float(np.abs(k).max())
+    terms = (s * dS.sum(axis=-1).max() * k_max, s * dS.sum(axis=-2).max() * q_max,
+             P.sum(axis=-2).max() * float(np.abs(dout).max()))
+    eps = float(np.finfo(q.dtype).eps)
+    lse = ref.attention_forward(q.astype(np.float64), k.astype(np.float64),
+                                v[..., :1].astype(np.float64), causal=causal, scale=scale)[1]
+    p_err = S_ROUNDING_ULPS * eps * float(np.abs(lse[np.isfinite(lse)]).max(initial=0.0))
+    extras = tuple(p_err * t for t in terms)        # P = exp(S - lse) off by p_err relative
+    return terms, extras
 
 
 def assert_within_tolerance(comparisons, problem=""):
