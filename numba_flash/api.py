@@ -161,8 +161,9 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     and dv sum over the query heads that share a key head. Rows that saw no key give zero
     gradients. Besides its outputs it allocates only D = rowsum(dO * O), (..., Nq).
 
-    deterministic: accepted for API compatibility with FlashAttention; the registered
-    kernel uses no atomics (dQ has its own kernel), so every call is bitwise reproducible.
+    deterministic: True asks for bitwise reproducible results. The "tiled" and "fa2"
+    kernels use no atomics (dQ has its own kernel), so they are reproducible either way;
+    "fa2-atomic" adds dQ up with atomics unless deterministic is True, when it runs as "fa2".
     """
     p = _validate(q, k, v, scale)
     device = arrays.device_of(q)
@@ -179,7 +180,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     variant.run(arrays.to_device(dout, qs), arrays.to_device(q, qs), arrays.to_device(k, ks),
                 arrays.to_device(v, ks), arrays.to_device(lse, (bh, p.nq)),
                 arrays.to_device(out, qs), d_dq, d_dk, d_dv, scale=p.scale, heads=p.heads,
-                group=p.group, causal=bool(causal), block_m=bm, block_n=bn)
+                group=p.group, causal=bool(causal), block_m=bm, block_n=bn,
+                deterministic=bool(deterministic))
     return (arrays.from_device(d_dq, arrays.shape_of(q), q),
             arrays.from_device(d_dk, arrays.shape_of(k), q),
             arrays.from_device(d_dv, arrays.shape_of(v), q))

@@ -27,7 +27,7 @@ def main(argv=None):
     tune.add_argument("--forward", nargs="*", default=["tiled", "fa2"], metavar="KERNEL",
                       help="forward kernels to tune (tiled, fa2)")
     tune.add_argument("--backward", nargs="*", default=["tiled", "fa2"], metavar="KERNEL",
-                      help="backward kernels to tune (tiled, fa2; none: forward only)")
+                      help="backward kernels to tune (tiled, fa2, fa2-atomic; none: forward only)")
     p_fuzz = sub.add_parser("fuzz", help="run the properties as a campaign; save failures")
     p_fuzz.add_argument("--profile", choices=("ci", "dev", "gpu", "nightly"), default=None,
                         help="Hypothesis profile (default: dev on the simulator, gpu on a GPU)")

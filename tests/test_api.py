@@ -1,10 +1,13 @@
 """Bad input gets a clear error before any launch; every error names what is wrong."""
 
+import functools
+
 import numpy as np
 import pytest
 
 from numba_flash import flash_attention_backward, flash_attention_forward
 from numba_flash.kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
+from numba_flash.testing import Case, check_backward
 
 
 def qkv(shape_q=(1, 2, 5, 4), shape_k=None, dtype=np.float32):
@@ -89,6 +92,8 @@ def test_default_blocks_fit_every_head_dim():
                 bm, bn = module.default_blocks(d, np.dtype(dtype))
                 module.make_dkdv_kernel(bm, bn, d, True, np.dtype(dtype))
                 module.make_dq_kernel(bm, bn, d, True, np.dtype(dtype))
+            bm, bn = backward_fa2.default_blocks_atomic(d, np.dtype(dtype))
+            backward_fa2.make_dkdv_kernel(bm, bn, d, True, np.dtype(dtype), dq_atomic=True)
 
 
 def test_bench_times_every_registered_forward_and_backward_variant():
@@ -109,3 +114,16 @@ def test_fa2_backward_compiles_once_per_padded_head_dim():
     for make in (backward_fa2.make_dkdv_kernel, backward_fa2.make_dq_kernel):
         assert make(32, 32, 100, True, np.float32)[0] is make(32, 32, 111, True, np.float32)[0]
         assert make(32, 32, 100, True, np.float32)[0] is not make(32, 32, 128, True, np.float32)[0]
+
+
+def test_fa2_atomic_adds_dq_with_atomics_unless_deterministic():
+    q, k, v, dout = Case("atomic", 1, 2, 1, 21, 30, 12, causal=True).inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=True)
+    run = functools.partial(flash_attention_backward, dout, q, k, v, out, lse, causal=True,
+                            block_m=16, block_n=16)
+    fa2, atomic = run(kernel="fa2"), run(kernel="fa2-atomic")
+    exact = run(kernel="fa2-atomic", deterministic=True)
+    assert all(np.array_equal(a, b) for a, b in zip(exact, fa2))     # the dQ kernel's path
+    assert np.array_equal(atomic[1], fa2[1]) and np.array_equal(atomic[2], fa2[2])  # dk, dv
+    assert all(c.ok for c in check_backward(dout, q, k, v, *atomic, causal=True))
+    assert not np.array_equal(atomic[0], fa2[0])   # dq summed in another order (one launch)

@@ -27,6 +27,6 @@ def test_unmutated_kernels_pass_the_same_search():
     # the control: the same search on the real kernels finds nothing
     for prop, kernel in (("forward agrees", "rowwise"), ("forward agrees", "tiled"),
                          ("forward agrees", "fa2"), ("backward agrees", "tiled"),
-                         ("backward agrees", "fa2")):
+                         ("backward agrees", "fa2"), ("backward agrees", "fa2-atomic")):
         campaign.search(prop, kernel, "simulator", max_examples=4,
                         derandomize=True, phases=[Phase.generate])

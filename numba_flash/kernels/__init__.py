@@ -10,9 +10,11 @@ of shared memory (forward_fa2.py). To add one: copy forward_rowwise.py, change i
 register_forward("my-name", module.make_forward_kernel, module.default_blocks).
 
 A backward variant is run(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-block_m, block_n), launching whatever it needs on 3-D device arrays, plus default_blocks.
+block_m, block_n, deterministic), launching whatever it needs on 3-D device arrays (no atomics
+whose order varies when deterministic is True), plus default_blocks.
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -60,5 +62,8 @@ def register_backward(name, run, default_blocks):
 
 register_backward("tiled", backward.run_backward, backward.default_blocks)
 register_backward("fa2", backward_fa2.run_backward, backward_fa2.default_blocks)
+# dQ accumulated by the dK/dV kernel with atomics (5 matmuls' work, not 7); not yet run on a GPU
+register_backward("fa2-atomic", functools.partial(backward_fa2.run_backward, dq_atomic=True),
+                  backward_fa2.default_blocks_atomic)
 
 DEFAULT_BACKWARD = "fa2"

@@ -60,20 +60,25 @@ def default_blocks(head_dim, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def make_preprocess_kernel(head_dim, dtype):
-    """D = rowsum(dO * O) on (BH, Nq, d) arrays; launch grid (ceil(Nq/128), BH), 128 threads."""
+def make_preprocess_kernel(head_dim, dtype, clear=False):
+    """D = rowsum(dO * O) on (BH, Nq, d) arrays; launch grid (ceil(Nq/128), BH), 128 threads,
+    arguments (dout, out, D, dq). clear=True also zeroes dq (a dQ that the dK/dV kernel then
+    accumulates with atomics); otherwise dq is not touched."""
     check_head_dim(head_dim)
     T = numba_type(dtype)
     D_ = head_dim
+    CLEAR = bool(clear)
 
     @cuda.jit
-    def preprocess(dout, out, D):
+    def preprocess(dout, out, D, dq):
         bh = cuda.blockIdx.y
         i = cuda.blockIdx.x * PREPROCESS_THREADS + cuda.threadIdx.x
         if i < out.shape[1]:
             acc = T(0.0)
             for c in range(D_):
                 acc += dout[bh, i, c] * out[bh, i, c]
+                if CLEAR:
+                    dq[bh, i, c] = T(0.0)
             D[bh, i] = acc
 
     return preprocess, PREPROCESS_THREADS
@@ -313,9 +318,10 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m, block_n, threads=None):
+                 block_m, block_n, threads=None, deterministic=False):
     """Launch preprocess, dkdv and dq on 3-D device arrays: q, dout, out, dq (B*H, Nq, d);
-    k, v, dk, dv (B*Hk, Nk, d); lse (B*H, Nq). Allocates only D (B*H, Nq) besides."""
+    k, v, dk, dv (B*Hk, Nk, d); lse (B*H, Nq). Allocates only D (B*H, Nq) besides. No
+    atomics, so the result is bitwise reproducible whatever `deterministic` says."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -324,7 +330,7 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     scale = T(scale)
     D = arrays.empty_device((bh, nq), dtype)
     pre, tpb = make_preprocess_kernel(d, dtype)
-    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D)
+    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads)
     dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, scale, heads, group)
     dq_kernel, tpb = make_dq_kernel(block_m, block_n, d, causal, dtype, threads)

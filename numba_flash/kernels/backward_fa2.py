@@ -52,16 +52,18 @@ def thread_shape(block_m, block_n, head_dim, threads=None):
     return ty, tx
 
 
-def _layout(rows_ty, rows_tx, block_m, block_n, head_dim, threads, w_tiles):
+def _layout(rows_ty, rows_tx, block_m, block_n, head_dim, threads, w_tiles, ds_tile=False):
     """Shared-memory offsets (elements) shared by both kernels: K, V (block_n rows), Q, dO
     (block_m rows), all with padded rows; lse and D (block_m); W, w_tiles tiles of rows_ty
-    rows of rows_tx + PAD (P^T and dS^T, or dS)."""
+    rows of rows_tx + PAD (P^T and dS^T, or dS); with ds_tile, dS as block_m rows of
+    block_n + PAD (the dK/dV kernel that also accumulates dQ)."""
     ty, tx = thread_shape(block_m, block_n, head_dim, threads)
     d_pad = ceil_div(head_dim, CHUNK * tx) * CHUNK * tx
     d_row, w_row = d_pad + PAD, rows_tx + PAD
     m_pad = ceil_div(block_m, CHUNK) * CHUNK
     sizes = dict(k=block_n * d_row, v=block_n * d_row, q=block_m * d_row, do=block_m * d_row,
-                 lse=m_pad, D=m_pad, w=w_tiles * rows_ty * w_row)
+                 lse=m_pad, D=m_pad, w=w_tiles * rows_ty * w_row,
+                 ds=block_m * (block_n + PAD) if ds_tile else 0)
     offsets, total = {}, 0
     for name, size in sizes.items():
         offsets[name] = total
@@ -69,9 +71,10 @@ def _layout(rows_ty, rows_tx, block_m, block_n, head_dim, threads, w_tiles):
     return ty, tx, d_pad, d_row, w_row, offsets, total
 
 
-def shared_bytes(block_m, block_n, head_dim, item, threads=None):
+def shared_bytes(block_m, block_n, head_dim, item, threads=None, dq_atomic=False):
     """Bytes of dynamic shared memory of the larger of the two kernels (the dK/dV one)."""
-    return item * _layout(block_n, block_m, block_m, block_n, head_dim, threads, 2)[-1]
+    return item * _layout(block_n, block_m, block_m, block_n, head_dim, threads, 2,
+                          dq_atomic)[-1]
 
 
 def default_blocks(head_dim, dtype):
@@ -89,7 +92,20 @@ def default_blocks(head_dim, dtype):
     raise ValueError(f"no tile fits head dim {head_dim}")
 
 
-def _check(block_m, block_n, head_dim, dtype, threads):
+def default_blocks_atomic(head_dim, dtype):
+    """(block_m, block_n) for the dQ-by-atomics dK/dV kernel, which also keeps dS in shared
+    memory: default_blocks' choice while it fits (64 x 64 at d = 128: 192 KB), else smaller.
+    Not yet tuned on a GPU."""
+    item = np.dtype(dtype).itemsize
+    first = default_blocks(head_dim, dtype)
+    for block_m, block_n in (first, (32, 32), (16, 16)):
+        if shared_bytes(block_m, block_n, head_dim, item, dq_atomic=True) <= \
+                DYNAMIC_SHARED_MEMORY_BYTES:
+            return block_m, block_n
+    raise ValueError(f"no tile fits head dim {head_dim}")
+
+
+def _check(block_m, block_n, head_dim, dtype, threads, dq_atomic=False):
     """Validate a configuration (against the dK/dV kernel, the larger); return what the
     compiled kernels are keyed on: (d_pad, d_const, (TY, TX)). One compilation serves every
     head dim that pads to the same D_PAD (the kernels read d from q), except d == D_PAD, which
@@ -100,7 +116,7 @@ def _check(block_m, block_n, head_dim, dtype, threads):
     T = numba_type(dtype)
     item = T.bitwidth // 8
     TY, TX, D_PAD, D_ROW, W_ROW, off, total = _layout(block_n, block_m, block_m, block_n,
-                                                      head_dim, threads, 2)
+                                                      head_dim, threads, 2, dq_atomic)
     if TX not in (1, 2, 4, 8, 16, 32) or TY * TX > 1024:
         raise ValueError(f"fa2 backward needs TX dividing 32 (rows stay inside a warp) and at "
                          f"most 1024 threads, got (TY, TX) = ({TY}, {TX})")
@@ -109,14 +125,16 @@ def _check(block_m, block_n, head_dim, dtype, threads):
             raise ValueError(f"fa2 backward needs {name} a multiple of {TY}, {TX} and "
                              f"{CHUNK}, got {b}")
     check_shared_memory(
-        f"fa2 backward with block_m={block_m}, block_n={block_n}, d={head_dim}", item * total,
+        f"fa2 backward{' (dQ by atomics)' if dq_atomic else ''} with block_m={block_m}, "
+        f"block_n={block_n}, d={head_dim}", item * total,
         "choose smaller blocks",
         DYNAMIC_SHARED_MEMORY_BYTES)
     return D_PAD, head_dim if head_dim == D_PAD else 0, (TY, TX)
 
 
 @functools.lru_cache(maxsize=None)
-def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, w_tiles):
+def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, w_tiles,
+            ds_tile=False):
     """Constants and device functions of one kernel, whose tiles have rows_ty rows owned by ty
     (TA = rows_ty / TY per thread) and rows_tx rows owned by tx (TB = rows_tx / TX), with
     w_tiles rows_ty x rows_tx tiles in shared memory (P^T and dS^T, or dS); arguments as
@@ -124,7 +142,7 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, 
     T = numba_type(dtype)
     item = T.bitwidth // 8
     TY, TX, D_PAD, D_ROW, W_ROW, off, total = _layout(rows_ty, rows_tx, block_m, block_n,
-                                                      d_pad, threads, w_tiles)
+                                                      d_pad, threads, w_tiles, ds_tile)
     TA, TB = rows_ty // TY, rows_tx // TX
     TE = D_PAD // (CHUNK * TX)
     TD = TE * CHUNK
@@ -171,8 +189,8 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, 
             sm[D_off + r] = Dvec[bh, m0 + r] if inside else T(0.0)
             r += uNT
 
-    sizes = dict(T=T, TY=TY, TX=TX, TA=TA, TB=TB, TD=TD, W_ROW=W_ROW, off=off,
-                 nbytes=item * total)
+    sizes = dict(T=T, TY=TY, TX=TX, TA=TA, TB=TB, TD=TD, TE=TE, W_ROW=W_ROW, D_ROW=D_ROW,
+                 D_PAD=D_PAD, off=off, nbytes=item * total)
     return sizes, stage, dot_rows, accumulate, store_rows, row_vectors
 
 
@@ -188,27 +206,39 @@ def _recompute_p(T, causal):
     return recompute_p
 
 
-def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
+def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
-    (q, k, v, dout, lse, D, dk, dv, scale, heads, group)."""
-    d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads)
-    return _dkdv(block_m, block_n, d_pad, d_const, bool(causal), np.dtype(dtype), threads)
+    (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group). With dq_atomic the kernel also
+    adds scale dS K into dq (which must hold zeros) with atomics, and no dQ kernel is needed:
+    5 matmuls' work instead of 7, at the price of bitwise reproducibility. Without it dq is
+    not touched."""
+    d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads, dq_atomic)
+    return _dkdv(block_m, block_n, d_pad, d_const, bool(causal), np.dtype(dtype), threads,
+                 bool(dq_atomic))
 
 
 @functools.lru_cache(maxsize=None)
-def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads):
+def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
-        block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2)
+        block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2, dq_atomic)
+    DQ_ATOMIC = dq_atomic
+    # dQ += dS K: rows i of dS (block_m of them, owned by ty) against the K tile
+    TQ = block_m // c["TY"]
+    accumulate_dq = tile_products(c["T"], TQ, 1, c["TY"], c["TX"], c["D_PAD"], c["D_ROW"],
+                                  block_n + PAD, c["D_ROW"])[1]
+    uSR = U(block_n + PAD)
     D_CONST, uD = d_const, U(d_const)
     recompute_p = _recompute_p(c["T"], causal)
     T, TA, TB, TD, TX, TY = c["T"], c["TA"], c["TB"], c["TD"], c["TX"], c["TY"]
+    TE = c["TE"]
     o = {k_: U(v_) for k_, v_ in c["off"].items()}
     uK, uV, uQ, udO, uL, uDv, uW = o["k"], o["v"], o["q"], o["do"], o["lse"], o["D"], o["w"]
     uWR, uBM, uBN, uTX, uTY, uNT = (U(x) for x in (c["W_ROW"], block_m, block_n, TX, TY, TX * TY))
-    uPT, udST = uW, uW + U(block_n * c["W_ROW"])
+    uPT, udST, udS = uW, uW + U(block_n * c["W_ROW"]), o["ds"]
+    uRUN = U(CHUNK * TX)
 
     @cuda.jit
-    def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, scale, heads, group):
+    def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
         sm = cuda.shared.array(0, T, alignment=ALIGN)
         kvh = U(cuda.blockIdx.y)                       # index into B*Hk
         tx = U(cuda.threadIdx.x)
@@ -223,6 +253,7 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads):
         dp = cuda.local.array((TA, TB), T)
         dk_acc = cuda.local.array((TA, TD), T)
         dv_acc = cuda.local.array((TA, TD), T)
+        dq_acc = cuda.local.array((TQ if DQ_ATOMIC else 1, TD), T)
         for a in range(TA):
             for cc in range(TD):
                 dk_acc[a, cc] = T(0.0)
@@ -254,10 +285,30 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads):
                         i = m0 + il
                         p = recompute_p(s[a, b], sm[uL + il], i, j, nq, nk)
                         sm[uPT + jl * uWR + il] = p
-                        sm[udST + jl * uWR + il] = p * (dp[a, b] - sm[uDv + il])
+                        ds = p * (dp[a, b] - sm[uDv + il])
+                        sm[udST + jl * uWR + il] = ds
+                        if DQ_ATOMIC:
+                            sm[udS + il * uSR + jl] = ds
                 warp_barrier()
                 accumulate(sm, uPT, udO, uBM, dv_acc, ty, tx)    # dV += P^T dO
                 accumulate(sm, udST, uQ, uBM, dk_acc, ty, tx)    # dK += dS^T (scale Q)
+                if DQ_ATOMIC:
+                    # dS rows i come from every warp: a block barrier, then dQ_i += dS_i K
+                    # for this K/V block only, added into dq (zeroed by the preprocess kernel)
+                    cuda.syncthreads()
+                    for a in range(TQ):
+                        for cc in range(TD):
+                            dq_acc[a, cc] = T(0.0)
+                    accumulate_dq(sm, udS, uK, uBN, dq_acc, ty, tx)
+                    for a in range(TQ):
+                        i = m0 + ty + U(a) * uTY
+                        if i < nq:
+                            for e in range(TE):
+                                for cc in range(CHUNK):
+                                    col = U(e) * uRUN + tx * U(CHUNK) + U(cc)
+                                    if col < d:
+                                        cuda.atomic.add(dq, (bh, i, col),
+                                                        dq_acc[a, e * CHUNK + cc] * scale)
                 cuda.syncthreads()
                 m0 += uBM
 
@@ -339,18 +390,24 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m, block_n, threads=None):
+                 block_m, block_n, threads=None, deterministic=False, dq_atomic=False):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
-    backward.run_backward). Allocates only D (B*H, Nq) besides the outputs."""
+    backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
+    dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
+    "fa2-atomic" variant), unless deterministic asks for bitwise reproducible results."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
     dtype = q.dtype
     scale = numba_type(dtype)(scale)
+    atomic = dq_atomic and not deterministic
     D = arrays.empty_device((bh, nq), dtype)
-    pre, tpb = make_preprocess_kernel(d, dtype)
-    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D)
-    dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads)
-    dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, scale, heads, group)
-    dq_kernel, tpb = make_dq_kernel(block_m, block_n, d, causal, dtype, threads)
-    dq_kernel[(ceil_div(nq, block_m), bh), tpb](q, k, v, dout, lse, D, dq, scale, heads, group)
+    pre, tpb = make_preprocess_kernel(d, dtype, clear=atomic)
+    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
+    dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic)
+    dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq, scale, heads,
+                                            group)
+    if not atomic:
+        dq_kernel, tpb = make_dq_kernel(block_m, block_n, d, causal, dtype, threads)
+        dq_kernel[(ceil_div(nq, block_m), bh), tpb](q, k, v, dout, lse, D, dq, scale, heads,
+                                                    group)

@@ -8,6 +8,7 @@ longer occurs in the source fails loudly, so a refactor cannot silently disarm i
 """
 
 import contextlib
+import functools
 import importlib
 import inspect
 import types
@@ -24,6 +25,7 @@ class Mutant:
     original: str      # fragment of one line, must occur exactly once
     mutated: str
     prop: str          # the property expected to catch it
+    options: tuple = ()  # (name, value) keyword arguments for a backward's run_backward
 
 
 MUTANTS = {m.name: m for m in (
@@ -48,8 +50,10 @@ MUTANTS = {m.name: m for m in (
     Mutant("D left out of dS", "backward", "backward",
            "p * (dp[a, b] - D_t[r])", "p * dp[a, b]", "backward agrees"),
     Mutant("D left out of dS^T (fa2)", "backward", "backward_fa2",
-           "sm[udST + jl * uWR + il] = p * (dp[a, b] - sm[uDv + il])",
-           "sm[udST + jl * uWR + il] = p * dp[a, b]", "backward agrees"),
+           "ds = p * (dp[a, b] - sm[uDv + il])", "ds = p * dp[a, b]", "backward agrees"),
+    Mutant("dQ added without scale (fa2-atomic)", "backward", "backward_fa2",
+           "dq_acc[a, e * CHUNK + cc] * scale)", "dq_acc[a, e * CHUNK + cc])",
+           "backward agrees", (("dq_atomic", True),)),
     Mutant("P recomputed without lse", "backward", "backward",
            "p = math.exp(s[a, b] - lse_i)", "p = math.exp(s[a, b])", "backward agrees"),
 )}
@@ -82,7 +86,9 @@ def registered(name):
         kernels.register_forward(variant, mod.make_forward_kernel, mod.default_blocks)
         table = kernels.FORWARD
     else:
-        kernels.register_backward(variant, mod.run_backward, mod.default_blocks)
+        kernels.register_backward(variant, functools.partial(mod.run_backward,
+                                                             **dict(mutant.options)),
+                                  mod.default_blocks)
         table = kernels.BACKWARD
     try:
         yield variant

@@ -28,6 +28,7 @@ TILES = {
     "forward": ((8, 8), (8, 16), (16, 16), (16, 32), (32, 32), (32, 64), (64, 32), (64, 16)),
     "fa2": ((16, 16), (32, 16), (16, 32), (32, 32), (64, 32), (32, 64), (8, 8)),
     "fa2-backward": ((8, 8), (16, 16), (32, 16), (16, 32), (32, 32)),
+    "fa2-atomic-backward": ((8, 8), (16, 16), (32, 16), (16, 32), (32, 32)),
     "backward": ((4, 4), (8, 8), (8, 16), (16, 16), (16, 32), (32, 32)),
 }
 
@@ -43,8 +44,8 @@ def tiles_for(kind, kernel):
                   "backward_fa2": "fa2"}.get(module, "tiled")
     if kind == "forward" and kernel in ("rowwise", "fa2"):
         return kernel
-    if kind == "backward" and kernel == "fa2":
-        return "fa2-backward"
+    if kind == "backward" and kernel in ("fa2", "fa2-atomic"):
+        return kernel + "-backward"
     return kind if kernel == "tiled" else None
 
 
@@ -138,6 +139,8 @@ def valid_tiles(kind, d, dtype):
             elif kind == "fa2-backward":
                 backward_fa2.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype))
                 backward_fa2.make_dq_kernel(bm, bn, d, False, np.dtype(dtype))
+            elif kind == "fa2-atomic-backward":
+                backward_fa2.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype), dq_atomic=True)
             else:
                 backward.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype))
             out.append((bm, bn))
