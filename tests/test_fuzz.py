@@ -5,7 +5,7 @@ from numba_flash.kernels import BACKWARD
 from numba_flash.testing import campaign, mutants
 
 
-def test_fuzz_saves_reproducers_that_replay_fails(tmp_path):
+def test_fuzz_saves_reproducers_that_replay_fails(tmp_path, capsys):
     with mutants.registered("D left out of dS") as kernel:
         outcomes, failures, paths = campaign.fuzz(
             "simulator", examples=2, directory=str(tmp_path), progress=False,
@@ -14,6 +14,7 @@ def test_fuzz_saves_reproducers_that_replay_fails(tmp_path):
         assert kernel in BACKWARD
         assert failures and all(f.kernel == kernel for f in failures)
         assert len(paths) == len(failures) and all(p.endswith(".npz") for p in paths)
+        assert capsys.readouterr().err.count("FAILED backward agrees") == len(failures)
         prop, name, problem = campaign.load_reproducer(paths[0])
         assert (prop, name) == ("backward agrees", kernel)
         assert problem.saved is not None and problem.saved[0].shape[2] == problem.Nq
@@ -41,3 +42,16 @@ def test_fuzz_cli_rejects_unknown_kernels_and_empty_selections(capsys):
     assert "unknown kernels ['nope']" in capsys.readouterr().err
     # a forward-only property asked of a backward-only kernel name matches no pair
     assert campaign.pairs(["forward agrees"], ["no such kernel"]) == []
+
+
+def test_gpu_profile_does_not_shrink():
+    from hypothesis import Phase, settings
+
+    from conftest import PROFILE
+    from numba_flash.testing import profiles
+    try:
+        profiles.load("gpu")
+        assert Phase.shrink not in settings.default.phases
+        assert Phase.generate in settings.default.phases
+    finally:
+        profiles.load(PROFILE)          # back to the session's profile

@@ -4,6 +4,7 @@ by `numba-flash fuzz` (a campaign that records every failure as a reproducer fil
 
 import json
 import os
+import sys
 import time
 
 import numpy as np
@@ -92,6 +93,9 @@ def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=Tr
         if not outcome.ok:
             failures.append(outcome)
             paths.append(save_reproducer(outcome, directory))
+            # at once, not only in the final summary: a campaign cut short by a time limit
+            # (a GPU run) still leaves every failure it found in its log
+            bar.write(f"FAILED {outcome.report()}\n  reproducer: {paths[-1]}", file=sys.stderr)
 
     start = time.time()
 

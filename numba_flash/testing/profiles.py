@@ -3,7 +3,9 @@
 ci       derandomized, few examples, simulator sizes: what CI runs.
 dev      more examples, simulator sizes: a researcher's laptop after a kernel change.
 gpu      real sizes, 20 examples per property and kernel: minutes on a GPU (truth in long
-         double for float64 kernels is computed on the CPU, which is most of the time).
+         double for float64 kernels is computed on the CPU, which is most of the time). No
+         shrinking: each shrink step at real sizes compiles a new shape, and on the H200 one
+         failing property shrank for minutes past a run's time limit before it could report.
 nightly  thousands of examples at real sizes; every property calls target() with its
          error / allowed ratio, so Hypothesis steers toward the largest relative error.
 Load one with HYPOTHESIS_PROFILE=name (tests) or `numba-flash fuzz --profile name`.
@@ -11,14 +13,16 @@ Load one with HYPOTHESIS_PROFILE=name (tests) or `numba-flash fuzz --profile nam
 
 import os
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 
 _COMMON = dict(deadline=None, print_blob=True, suppress_health_check=[
     HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much])
 
 settings.register_profile("ci", max_examples=3, derandomize=True, database=None, **_COMMON)
 settings.register_profile("dev", max_examples=40, **_COMMON)
-settings.register_profile("gpu", max_examples=20, **_COMMON)
+settings.register_profile("gpu", max_examples=20,
+                          phases=[Phase.explicit, Phase.reuse, Phase.generate, Phase.target],
+                          **_COMMON)
 settings.register_profile("nightly", max_examples=3000, **_COMMON)
 
 SIZE = {"ci": "simulator", "dev": "simulator", "gpu": "gpu", "nightly": "gpu"}
