@@ -6,7 +6,6 @@ on a small odd-sized problem (tolerance helper), then timed at N = 2048 on the b
 (B * N = 16k, H = 2048 / d, float32, not causal). Prints TFLOP/s per configuration.
 """
 
-import functools
 
 import numpy as np
 
@@ -14,7 +13,7 @@ import reference as ref
 
 from . import arrays
 from .bench import _median_ms
-from .kernels import backward, backward_fa2, forward_fa2, forward_tiled
+from .kernels import BACKWARD, forward_fa2, forward_tiled
 from .kernels.common import ceil_div
 from .testing import Case, check_backward, check_forward
 
@@ -33,8 +32,6 @@ FORWARD_CONFIGS |= {("tiled", d): configs for d, configs in {
     128: [(32, 32, (8, 16)), (32, 32, (4, 16)), (32, 32, (8, 8)), (32, 32, (4, 8)),
           (16, 64, (4, 16)), (16, 64, (8, 16))],
 }.items()}
-BACKWARD_RUNS = {"tiled": backward.run_backward, "fa2": backward_fa2.run_backward,
-                 "fa2-atomic": functools.partial(backward_fa2.run_backward, dq_atomic=True)}
 BACKWARD_CONFIGS = {
     ("tiled", 64): [(32, 32, (8, 16)), (32, 32, (4, 16)), (32, 32, (8, 8)), (32, 32, (4, 8))],
     ("tiled", 128): [(16, 16, (8, 16)), (16, 16, (4, 16)), (16, 16, (8, 8)), (16, 16, (4, 8))],
@@ -65,9 +62,9 @@ def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False, kernel="tiled")
     dq = arrays.empty_device(q.shape, q.dtype)
     dk = arrays.empty_device(k.shape, k.dtype)
     dv = arrays.empty_device(v.shape, v.dtype)
-    BACKWARD_RUNS[kernel](dout, q, k, v, lse, out, dq, dk, dv,
-                          scale=1 / np.sqrt(q.shape[2]), heads=1, group=1,
-                          causal=causal, block_m=bm, block_n=bn, threads=threads)
+    BACKWARD[kernel].run(dout, q, k, v, lse, out, dq, dk, dv,
+                         scale=1 / np.sqrt(q.shape[2]), heads=1, group=1,
+                         causal=causal, block_m=bm, block_n=bn, threads=threads)
     return dq, dk, dv
 
 

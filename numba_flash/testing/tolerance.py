@@ -151,11 +151,16 @@ def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None):
 def reference_p_dp(q, k, v, dout, causal=False, scale=None, dtype=np.float64):
     """P = softmax(scale q k^T) (masked) and dP = dO v^T in `dtype`; k and v already have q's
     heads (see expand_kv)."""
+    return _reference_s_p_dp(q, k, v, dout, causal, scale, dtype)[1:]
+
+
+def _reference_s_p_dp(q, k, v, dout, causal, scale, dtype):
+    """(S, P, dP) in `dtype`: S = scale q k^T with -inf where masked, P = softmax(S)."""
     q, k, v, dout = (a.astype(dtype) for a in (q, k, v, dout))
     S = (q @ np.swapaxes(k, -1, -2)) * dtype(ref.default_scale(q.shape[-1], scale))
     if causal:
         S = np.where(ref.causal_mask(q.shape[-2], k.shape[-2]), S, -np.inf)
-    return ref.safe_softmax(S), dout @ np.swapaxes(v, -1, -2)
+    return S, ref.safe_softmax(S), dout @ np.swapaxes(v, -1, -2)
 
 
 def _gradient_terms(dout, q, k, v, causal, scale):
@@ -164,15 +169,17 @@ def _gradient_terms(dout, q, k, v, causal, scale):
     to zero, so dq can cancel to ~0 while its terms do not; the rounding floor follows the
     terms. extras: the rounding of P recomputed from lse (module docstring)."""
     s = ref.default_scale(q.shape[-1], scale)
-    P, dP = reference_p_dp(q, k, v, dout, causal, scale)
+    S, P, dP = _reference_s_p_dp(q, k, v, dout, causal, scale, np.float64)
     dS = np.abs(P * (dP - (P * dP).sum(axis=-1, keepdims=True)))
     q_max, k_max = float(np.abs(q).max()), float(np.abs(k).max())
     terms = (s * dS.sum(axis=-1).max() * k_max, s * dS.sum(axis=-2).max() * q_max,
              P.sum(axis=-2).max() * float(np.abs(dout).max()))
     eps = float(np.finfo(q.dtype).eps)
-    lse = ref.attention_forward(q.astype(np.float64), k.astype(np.float64),
-                                v[..., :1].astype(np.float64), causal=causal, scale=scale)[1]
-    p_err = S_ROUNDING_ULPS * eps * float(np.abs(lse[np.isfinite(lse)]).max(initial=0.0))
+    # lse_i = m_i - log(max_j P_ij), since the largest P_ij is exp(m_i - lse_i): no second pass
+    m, p_max = S.max(axis=-1), P.max(axis=-1)
+    seen = p_max > 0                                 # rows with a visible key
+    lse = m[seen] - np.log(p_max[seen])
+    p_err = S_ROUNDING_ULPS * eps * float(np.abs(lse).max(initial=0.0))
     extras = tuple(p_err * t for t in terms)        # P = exp(S - lse) off by p_err relative
     return terms, extras
 
