@@ -66,4 +66,4 @@ register_backward("fa2", backward_fa2.run_backward, backward_fa2.default_blocks)
 register_backward("fa2-atomic", functools.partial(backward_fa2.run_backward, dq_atomic=True),
                   backward_fa2.default_blocks_atomic)
 
-DEFAULT_BACKWARD = "fa2"
+DEFAULT_BACKWARD = "fa2-atomic"

@@ -30,7 +30,8 @@ TILES = {
     "fa2-backward": ((8, 8), (16, 16), (32, 16), (16, 32), (32, 32)),
     "backward": ((4, 4), (8, 8), (8, 16), (16, 16), (16, 32), (32, 32)),
 }
-TILES["fa2-atomic-backward"] = TILES["fa2-backward"]   # same kernels; valid_tiles checks its memory
+# same kernels, plus fa2-atomic's default at d <= 64 (valid_tiles checks its memory)
+TILES["fa2-atomic-backward"] = TILES["fa2-backward"] + ((64, 128),)
 
 
 def tiles_for(kind, kernel):
