@@ -162,8 +162,10 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     gradients. Besides its outputs it allocates only D = rowsum(dO * O), (..., Nq).
 
     deterministic: True asks for bitwise reproducible results. The "tiled" and "fa2"
-    kernels use no atomics (dQ has its own kernel), so they are reproducible either way;
-    "fa2-atomic" adds dQ up with atomics unless deterministic is True, when it runs as "fa2".
+    kernels use no atomics (dQ has its own kernel), so they are reproducible either way; the
+    default, "fa2-atomic", adds dQ up with atomics (its dq may differ in the last bits from
+    call to call), and with deterministic=True the "fa2" kernel runs instead, with fa2's
+    default tiles unless block_m / block_n are given.
     """
     p = _validate(q, k, v, scale)
     device = arrays.device_of(q)
@@ -171,6 +173,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     _check_like("out", out, p.lead + (p.nq, p.d), p, device)
     _check_like("lse", lse, p.lead + (p.nq,), p, device)
     variant = _variant(BACKWARD, kernel)
+    if deterministic and variant.when_deterministic:
+        variant = BACKWARD[variant.when_deterministic]
     bm, bn = _blocks(variant, p, block_m, block_n)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     qs, ks = (bh, p.nq, p.d), (bhk, p.nk, p.d)

@@ -127,3 +127,27 @@ def test_fa2_atomic_adds_dq_with_atomics_unless_deterministic():
     assert np.array_equal(atomic[1], fa2[1]) and np.array_equal(atomic[2], fa2[2])  # dk, dv
     assert all(c.ok for c in check_backward(dout, q, k, v, *atomic, causal=True))
     assert not np.array_equal(atomic[0], fa2[0])   # dq summed in another order (one launch)
+
+
+def test_deterministic_runs_the_registered_twin_at_its_own_tiles(monkeypatch):
+    # the default backward (fa2-atomic) with deterministic=True is the fa2 backward, tiles and all
+    import dataclasses
+    from numba_flash.kernels import BACKWARD, DEFAULT_BACKWARD
+    twin = BACKWARD[DEFAULT_BACKWARD].when_deterministic
+    assert twin and BACKWARD[twin].when_deterministic is None
+    calls = []
+
+    def recording(name):
+        run = BACKWARD[name].run
+        return lambda *a, **kw: calls.append((name, kw["block_m"], kw["block_n"])) or run(*a, **kw)
+
+    for name in (DEFAULT_BACKWARD, twin):
+        monkeypatch.setitem(BACKWARD, name, dataclasses.replace(BACKWARD[name], run=recording(name)))
+    q, k, v, dout = Case("twin", 1, 1, 1, 9, 11, 8).inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v)
+    exact = flash_attention_backward(dout, q, k, v, out, lse, deterministic=True)
+    fast = flash_attention_backward(dout, q, k, v, out, lse)
+    assert calls == [(twin, *BACKWARD[twin].default_blocks(8, np.float32)),
+                     (DEFAULT_BACKWARD, *BACKWARD[DEFAULT_BACKWARD].default_blocks(8, np.float32))]
+    assert calls[0][1:] != calls[1][1:]
+    assert all(c.ok for g in (exact, fast) for c in check_backward(dout, q, k, v, *g))

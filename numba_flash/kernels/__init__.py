@@ -11,7 +11,9 @@ register_forward("my-name", module.make_forward_kernel, module.default_blocks).
 
 A backward variant is run(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
 block_m, block_n, deterministic), launching whatever it needs on 3-D device arrays (no atomics
-whose order varies when deterministic is True), plus default_blocks.
+whose order varies when deterministic is True), plus default_blocks. A variant that uses atomics
+may name, as when_deterministic, the registered variant that the API runs instead (with that
+variant's default tiles) when deterministic=True is asked.
 """
 
 import functools
@@ -49,21 +51,23 @@ class BackwardVariant:
     name: str
     run: Callable
     default_blocks: Callable
+    when_deterministic: str = None
 
 
 BACKWARD = {}
 
 
-def register_backward(name, run, default_blocks):
+def register_backward(name, run, default_blocks, when_deterministic=None):
     """Add a backward kernel variant under `name` (replacing any of that name)."""
-    BACKWARD[name] = BackwardVariant(name, run, default_blocks)
+    BACKWARD[name] = BackwardVariant(name, run, default_blocks, when_deterministic)
     return BACKWARD[name]
 
 
 register_backward("tiled", backward.run_backward, backward.default_blocks)
 register_backward("fa2", backward_fa2.run_backward, backward_fa2.default_blocks)
-# dQ accumulated by the dK/dV kernel with atomics (5 matmuls' work, not 7); not yet run on a GPU
+# dQ accumulated by the dK/dV kernel with atomics (5 matmuls' work, not 7): the default since
+# its GPU runs on 2026-11-29 (README, Numbers); deterministic=True runs fa2 instead
 register_backward("fa2-atomic", functools.partial(backward_fa2.run_backward, dq_atomic=True),
-                  backward_fa2.default_blocks_atomic)
+                  backward_fa2.default_blocks_atomic, when_deterministic="fa2")
 
 DEFAULT_BACKWARD = "fa2-atomic"
