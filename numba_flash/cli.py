@@ -26,7 +26,8 @@ def main(argv=None):
     tune = sub.add_parser("tune", help="time the kernels over tile and thread shapes")
     tune.add_argument("--forward", nargs="*", default=["tiled", "fa2"], metavar="KERNEL",
                       help="forward kernels to tune (tiled, fa2)")
-    tune.add_argument("--backward", nargs="*", default=["tiled", "fa2"], metavar="KERNEL",
+    tune.add_argument("--backward", nargs="*", default=["tiled", "fa2", "fa2-atomic"],
+                      metavar="KERNEL",
                       help="backward kernels to tune (tiled, fa2, fa2-atomic; none: forward only)")
     p_fuzz = sub.add_parser("fuzz", help="run the properties as a campaign; save failures")
     p_fuzz.add_argument("--profile", choices=("ci", "dev", "gpu", "nightly"), default=None,

@@ -40,7 +40,8 @@ BACKWARD_CONFIGS = {
     ("fa2", 128): [(64, 64, (16, 16)), (64, 64, (8, 16)), (32, 64, (8, 16)), (64, 32, (8, 16)),
                    (32, 32, (8, 16)), (128, 64, (16, 16))],
     ("fa2-atomic", 64): [(64, 64, (16, 16)), (32, 64, (8, 16)), (64, 32, (16, 16)),
-                         (128, 64, (16, 16)), (64, 128, (16, 16))],
+                         (128, 64, (16, 16)), (64, 128, (16, 16)), (64, 128, (8, 16)),
+                         (64, 128, (32, 8)), (32, 128, (8, 16))],
     ("fa2-atomic", 128): [(64, 64, (16, 16)), (32, 64, (8, 16)), (64, 32, (16, 16)),
                           (32, 32, (8, 16))],
 }
@@ -85,7 +86,7 @@ def _correct(cfg, d, which, kernel):
     return all(c.ok for c in comps)
 
 
-def main(n=2048, forward=("tiled", "fa2"), backward=("tiled", "fa2")):
+def main(n=2048, forward=("tiled", "fa2"), backward=("tiled", "fa2", "fa2-atomic")):
     """Print one line per configuration: forward kernels named in `forward`, then the backward
     kernels named in `backward`."""
     from numba import cuda
