@@ -29,6 +29,7 @@ def main(argv=None):
     tune.add_argument("--backward", nargs="*", default=["tiled", "fa2", "fa2-atomic"],
                       metavar="KERNEL",
                       help="backward kernels to tune (tiled, fa2, fa2-atomic; none: forward only)")
+    tune.add_argument("--n", type=int, default=2048, help="sequence length (default 2048)")
     p_fuzz = sub.add_parser("fuzz", help="run the properties as a campaign; save failures")
     p_fuzz.add_argument("--profile", choices=("ci", "dev", "gpu", "nightly"), default=None,
                         help="Hypothesis profile (default: dev on the simulator, gpu on a GPU)")
@@ -65,7 +66,7 @@ def main(argv=None):
             print("numba-flash tune needs a CUDA GPU; none was found", file=sys.stderr)
             return 2
         from . import tune
-        return tune.main(forward=tuple(args.forward), backward=tuple(args.backward))
+        return tune.main(n=args.n, forward=tuple(args.forward), backward=tuple(args.backward))
     return 2
 
 

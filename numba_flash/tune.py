@@ -2,7 +2,7 @@
 choose defaults.
 
 Each configuration (block_m, block_n, (TY, TX)) is first checked against the NumPy reference
-on a small odd-sized problem (tolerance helper), then timed at N = 2048 on the benchmark grid
+on a small odd-sized problem (tolerance helper), then timed at N = 2048 (--n) on the benchmark grid
 (B * N = 16k, H = 2048 / d, float32, not causal). Prints TFLOP/s per configuration.
 """
 
@@ -18,14 +18,15 @@ from .kernels.common import ceil_div
 from .testing import Case, check_backward, check_forward
 
 FORWARD_MODULES = {"tiled": forward_tiled, "fa2": forward_fa2}
-# fa2 configurations carry a fourth entry, prefetch (None: the kernel's rule)
+# fa2 configurations carry a fourth entry, prefetch (None: the kernel's rule), and may carry a
+# fifth, vector_loads (16-byte global loads; not yet timed)
 FORWARD_CONFIGS = {("fa2", 64): [(64, 64, (8, 16), False), (64, 64, (8, 16), True),
                                  (128, 64, (16, 16), False), (128, 64, (16, 16), True),
-                                 (128, 128, (16, 16), None)],
+                                 (128, 128, (16, 16), None), (128, 128, (16, 16), None, True)],
                    ("fa2", 128): [(128, 64, (16, 16), False), (128, 64, (16, 16), True),
                                   (128, 32, (16, 16), False), (128, 32, (16, 16), True),
                                   (64, 64, (8, 16), False), (64, 64, (8, 16), True),
-                                  (128, 64, (32, 8), None)]}
+                                  (128, 64, (32, 8), None), (128, 64, (16, 16), None, True)]}
 FORWARD_CONFIGS |= {("tiled", d): configs for d, configs in {
     64: [(32, 64, (8, 16)), (32, 64, (4, 16)), (64, 32, (8, 8)), (64, 32, (16, 8)),
          (32, 32, (4, 8)), (32, 64, (8, 8))],

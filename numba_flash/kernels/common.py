@@ -82,17 +82,22 @@ class DynamicSharedKernel:
     specialization for the arguments' types ourselves, set the attribute on its handle through
     numba-cuda's driver binding (the same call numba-cuda makes for shared_memory_carveout),
     then launch as usual. The simulator has no such limit and needs nothing.
+    check, if given, is called with the launch arguments first (to reject arrays the kernel
+    cannot take, e.g. misaligned ones for vector loads).
     """
 
-    def __init__(self, kernel, nbytes):
+    def __init__(self, kernel, nbytes, check=None):
         self.kernel = kernel
         self.nbytes = int(nbytes)
+        self.check = check
         self._opted_in = set()
 
     def __getitem__(self, config):
         grid, block = config
 
         def launch(*args):
+            if self.check is not None:
+                self.check(args)
             if self.nbytes > SHARED_MEMORY_BYTES and not SIMULATOR:
                 self._opt_in(args)
             self.kernel[grid, block, 0, self.nbytes](*args)

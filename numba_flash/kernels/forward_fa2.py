@@ -38,6 +38,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKerne
                      numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
+from .vector_io import VECTOR, aligned, load4
 
 SM_SHARED_BYTES = 228 * 1024   # shared memory of one Hopper SM (H100, H200)
 
@@ -90,8 +91,15 @@ def default_blocks(head_dim, dtype):
     raise ValueError(f"no tile fits head dim {head_dim}")
 
 
+def _check_aligned(args):
+    if not aligned(*args[:3]):
+        raise ValueError("fa2 forward with vector_loads needs q, k and v with 16-byte aligned "
+                         "data pointers and rows (d * itemsize a multiple of 16)")
+
+
 @functools.lru_cache(maxsize=None)
-def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, prefetch=None):
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, prefetch=None,
+                        vector_loads=False):
     """Compile-time constants in, (launcher, threads_per_block) out. Launch as
     launcher[grid, threads](q, k, v, out, lse, scale, heads, group) with grid
     (ceil(Nq / block_m), B*H); the launcher adds the dynamic shared memory.
@@ -100,7 +108,13 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     when a block needs more than half an SM's shared memory (no second block on the SM then
     hides the loads) and the registers allow it: it costs 2 * block_n * d / threads registers
     per thread, on top of the S and O accumulators; 160 of the 255 for both is what compiled
-    without spills (ptxas -v, sm_90)."""
+    without spills (ptxas -v, sm_90).
+    vector_loads: stage Q, K and V with 16-byte global loads (vector_io.load4; d a multiple of
+    4, and the launcher then rejects arrays whose rows are not 16-byte aligned). An experiment
+    for the d = 128, N = 1k forward, not yet timed on a GPU: a block stages its Q tile and first
+    K/V tile before any compute, 64 + 64 scalar loads per thread at d = 128 that ptxas issues
+    eight at a time; vectors make that 16 + 16. Off, the kernel compiles to the same PTX as
+    before the option existed (the vector path is separate code under `if VEC`)."""
     check_block("block_m", block_m, 256)
     check_block("block_n", block_n, 256)
     check_head_dim(head_dim)
@@ -113,6 +127,9 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     if block_m % TY or block_n % TX or block_n % CHUNK:
         raise ValueError(f"fa2 forward needs block_m a multiple of {TY} and block_n a multiple "
                          f"of {max(TX, CHUNK)}, got {block_m} and {block_n}")
+    if vector_loads and head_dim % VECTOR:
+        raise ValueError(f"fa2 forward with vector_loads needs d a multiple of {VECTOR}, "
+                         f"got {head_dim}")
     check_shared_memory(
         f"fa2 forward with block_m={block_m}, block_n={block_n}, d={head_dim}", item * total,
         "choose smaller blocks",
@@ -123,13 +140,18 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     TD = TE * CHUNK
     NT = TY * TX
     Q_LOADS, KV_LOADS = ceil_div(BLOCK_M * D_PAD, NT), ceil_div(BLOCK_N * D_PAD, NT)
+    # with vector loads: loads of VECTOR elements per thread per tile
+    VEC = bool(vector_loads)
+    Q_VECS = ceil_div(BLOCK_M * D_PAD, NT * VECTOR)
+    KV_VECS = ceil_div(BLOCK_N * D_PAD, NT * VECTOR)
+    Q_VEVEN, KV_VEVEN = Q_VECS * NT * VECTOR == BLOCK_M * D_PAD, KV_VECS * NT * VECTOR == BLOCK_N * D_PAD
     if prefetch is None:
         words = item // 4
         prefetch = (item * total > SM_SHARED_BYTES // 2
                     and words * (TM * TN + TM * TD + 2 * KV_LOADS) <= 160)
     PREFETCH = bool(prefetch)
     Q_EVEN, KV_EVEN = Q_LOADS * NT == BLOCK_M * D_PAD, KV_LOADS * NT == BLOCK_N * D_PAD
-    NEXT = KV_LOADS if PREFETCH else 1
+    NEXT = (KV_VECS * VECTOR if VEC else KV_LOADS) if PREFETCH else 1
     R_ROW = ceil_div(TX, CHUNK) * CHUNK
     uBM, uBN, uD, uDP, uDR, uSR, uRR, uNT, uTX, uTY = (
         U(x) for x in (BLOCK_M, BLOCK_N, D, D_PAD, D_ROW, S_ROW, R_ROW, NT, TX, TY))
@@ -149,6 +171,32 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         if row0 + r < U(src.shape[1]) and c < uD:
             return src[head, row0 + r, c] * mult
         return T(0.0)
+
+    uDV = U(D_PAD // VECTOR)
+
+    @cuda.jit(device=True)
+    def vector_slot(it, tid):
+        """(row, first column) of the it-th vector this thread stages of a tile."""
+        idx = tid + U(it) * uNT
+        return idx // uDV, (idx % uDV) * U(VECTOR)
+
+    @cuda.jit(device=True)
+    def load_vector(src, head, row0, r, c):
+        """src[head, row0 + r, c : c + 4] (one 16-byte load), zeros past the rows or the head
+        dim (d % 4 == 0: the four are all inside or all outside)."""
+        if row0 + r < U(src.shape[1]) and c < uD:
+            return load4(src, head, row0 + r, c)
+        return T(0.0), T(0.0), T(0.0), T(0.0)
+
+    @cuda.jit(device=True)
+    def store_vector(sm, at, x, mult):
+        for e in range(VECTOR):
+            sm[at + U(e)] = x[e] * mult
+
+    @cuda.jit(device=True)
+    def stage_vector(sm, dst, row_len, src, head, row0, r, c, mult):
+        """sm[dst + r * row_len + c ...] = mult * src[head, row0 + r, c : c + 4]."""
+        store_vector(sm, dst + r * row_len + c, load_vector(src, head, row0, r, c), mult)
 
     @cuda.jit
     def forward_fa2(q, k, v, out, lse, scale, heads, group):
@@ -170,10 +218,16 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         v_next = cuda.local.array(NEXT, T)
 
         # Q tile, pre-multiplied by scale, zero outside the problem
-        for it in range(Q_LOADS):
-            r, c = slot(it, tid)
-            if Q_EVEN or r < uBM:
-                sm[uQ + r * uDR + c] = element(q, bh, m0, r, c, T(scale))
+        if VEC:
+            for it in range(Q_VECS):
+                r, c = vector_slot(it, tid)
+                if Q_VEVEN or r < uBM:
+                    stage_vector(sm, uQ, uDR, q, bh, m0, r, c, T(scale))
+        else:
+            for it in range(Q_LOADS):
+                r, c = slot(it, tid)
+                if Q_EVEN or r < uBM:
+                    sm[uQ + r * uDR + c] = element(q, bh, m0, r, c, T(scale))
         for a in range(TM):
             m[a] = T(NEG_INF)
             l[a] = T(0.0)
@@ -186,7 +240,13 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
             n_end = min(nk, last - nq) if last > nq else U(0)
         # the first K/V tile goes straight to shared memory (later ones too without PREFETCH)
         n0 = U(0)
-        if n0 < n_end:
+        if VEC and n0 < n_end:
+            for it in range(KV_VECS):
+                j, c = vector_slot(it, tid)
+                if KV_VEVEN or j < uBN:
+                    stage_vector(sm, uK, uDR, k, kv, n0, j, c, T(1.0))
+                    stage_vector(sm, uV, uDP, v, kv, n0, j, c, T(1.0))
+        elif n0 < n_end:
             for it in range(KV_LOADS):
                 j, c = slot(it, tid)
                 if KV_EVEN or j < uBN:
@@ -197,7 +257,15 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
             # 1. issue the loads of the next K/V tile into registers; they land while this
             # tile is computed (one block per SM leaves no other block to hide them behind)
             n1 = n0 + uBN
-            if PREFETCH and n1 < n_end:
+            if VEC and PREFETCH and n1 < n_end:
+                for it in range(KV_VECS):
+                    j, c = vector_slot(it, tid)
+                    if KV_VEVEN or j < uBN:
+                        x, y = load_vector(k, kv, n1, j, c), load_vector(v, kv, n1, j, c)
+                        for e in range(VECTOR):
+                            k_next[it * VECTOR + e] = x[e]
+                            v_next[it * VECTOR + e] = y[e]
+            elif PREFETCH and n1 < n_end:
                 for it in range(KV_LOADS):
                     j, c = slot(it, tid)
                     if KV_EVEN or j < uBN:
@@ -242,7 +310,19 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
             cuda.syncthreads()                     # every warp is done with K, V and P
 
             # 5. the next tile into shared memory, from registers or straight from memory
-            if n1 < n_end:
+            if VEC and n1 < n_end:
+                for it in range(KV_VECS):
+                    j, c = vector_slot(it, tid)
+                    if KV_VEVEN or j < uBN:
+                        if PREFETCH:
+                            for e in range(VECTOR):
+                                sm[uK + j * uDR + c + U(e)] = k_next[it * VECTOR + e]
+                                sm[uV + j * uDP + c + U(e)] = v_next[it * VECTOR + e]
+                        else:
+                            stage_vector(sm, uK, uDR, k, kv, n1, j, c, T(1.0))
+                            stage_vector(sm, uV, uDP, v, kv, n1, j, c, T(1.0))
+                cuda.syncthreads()
+            elif n1 < n_end:
                 for it in range(KV_LOADS):
                     j, c = slot(it, tid)
                     if KV_EVEN or j < uBN:
@@ -275,5 +355,6 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                 if tx == U(0):
                     lse[bh, i] = m[a] + math.log(l_i) if l_i > T(0.0) else T(NEG_INF)
 
-    launcher = DynamicSharedKernel(forward_fa2, item * total)
+    launcher = DynamicSharedKernel(forward_fa2, item * total,
+                                   check=_check_aligned if VEC else None)
     return launcher, (TX, TY)
