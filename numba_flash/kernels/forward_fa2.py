@@ -144,7 +144,8 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     VEC = bool(vector_loads)
     Q_VECS = ceil_div(BLOCK_M * D_PAD, NT * VECTOR)
     KV_VECS = ceil_div(BLOCK_N * D_PAD, NT * VECTOR)
-    Q_VEVEN, KV_VEVEN = Q_VECS * NT * VECTOR == BLOCK_M * D_PAD, KV_VECS * NT * VECTOR == BLOCK_N * D_PAD
+    Q_VEVEN = Q_VECS * NT * VECTOR == BLOCK_M * D_PAD
+    KV_VEVEN = KV_VECS * NT * VECTOR == BLOCK_N * D_PAD
     if prefetch is None:
         words = item // 4
         prefetch = (item * total > SM_SHARED_BYTES // 2
