@@ -2,8 +2,8 @@
 choose defaults.
 
 Each configuration (block_m, block_n, (TY, TX)) is first checked against the NumPy reference
-on a small odd-sized problem (tolerance helper), then timed at N = 2048 (--n) on the benchmark grid
-(B * N = 16k, H = 2048 / d, float32, not causal). Prints TFLOP/s per configuration.
+on a small odd-sized problem (tolerance helper), then timed at N = 2048 (or --n) on the
+benchmark grid (B * N = 16k, H = 2048 / d, float32, not causal). Prints TFLOP/s per configuration.
 """
 
 

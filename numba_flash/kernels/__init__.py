@@ -10,10 +10,10 @@ of shared memory (forward_fa2.py). To add one: copy forward_rowwise.py, change i
 register_forward("my-name", module.make_forward_kernel, module.default_blocks).
 
 A backward variant is run(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-block_m, block_n, deterministic), launching whatever it needs on 3-D device arrays (no atomics
-whose order varies when deterministic is True), plus default_blocks. A variant that uses atomics
-may name, as when_deterministic, the registered variant that the API runs instead (with that
-variant's default tiles) when deterministic=True is asked.
+block_m, block_n), launching whatever it needs on 3-D device arrays, plus default_blocks. A
+variant whose results depend on the order of atomics names, as when_deterministic, a registered
+variant without them; the API runs that one instead (with its own default tiles) when
+deterministic=True is asked.
 """
 
 import functools

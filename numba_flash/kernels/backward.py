@@ -318,10 +318,10 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m, block_n, threads=None, deterministic=False):
+                 block_m, block_n, threads=None):
     """Launch preprocess, dkdv and dq on 3-D device arrays: q, dout, out, dq (B*H, Nq, d);
     k, v, dk, dv (B*Hk, Nk, d); lse (B*H, Nq). Allocates only D (B*H, Nq) besides. No
-    atomics, so the result is bitwise reproducible whatever `deterministic` says."""
+    atomics: bitwise reproducible."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape

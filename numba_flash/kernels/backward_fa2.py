@@ -393,17 +393,17 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m, block_n, threads=None, deterministic=False, dq_atomic=False):
+                 block_m, block_n, threads=None, dq_atomic=False):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
     backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
-    "fa2-atomic" variant), unless deterministic asks for bitwise reproducible results."""
+    "fa2-atomic" variant, which the API replaces by "fa2" when deterministic=True)."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
     dtype = q.dtype
     scale = numba_type(dtype)(scale)
-    atomic = dq_atomic and not deterministic
+    atomic = bool(dq_atomic)
     D = arrays.empty_device((bh, nq), dtype)
     pre, tpb = make_preprocess_kernel(d, dtype, clear=atomic)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
