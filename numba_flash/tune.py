@@ -18,15 +18,22 @@ from .kernels.common import ceil_div
 from .testing import Case, check_backward, check_forward
 
 FORWARD_MODULES = {"tiled": forward_tiled, "fa2": forward_fa2}
-# fa2 configurations carry a fourth entry, prefetch (None: the kernel's rule), and may carry a
-# fifth, vector_loads (16-byte global loads; not yet timed)
-FORWARD_CONFIGS = {("fa2", 64): [(64, 64, (8, 16), False), (64, 64, (8, 16), True),
-                                 (128, 64, (16, 16), False), (128, 64, (16, 16), True),
-                                 (128, 128, (16, 16), None), (128, 128, (16, 16), None, True)],
-                   ("fa2", 128): [(128, 64, (16, 16), False), (128, 64, (16, 16), True),
-                                  (128, 32, (16, 16), False), (128, 32, (16, 16), True),
-                                  (64, 64, (8, 16), False), (64, 64, (8, 16), True),
-                                  (128, 64, (32, 8), None), (128, 64, (16, 16), None, True)]}
+# fa2 configurations carry a fourth entry, prefetch (None: the kernel's rule), and a fifth,
+# vector_loads (16-byte global loads and O stores; None: forward_fa2.vector_loads_by_default)
+FORWARD_CONFIGS = {("fa2", 64): [(64, 64, (8, 16), False, False), (64, 64, (8, 16), True, False),
+                                 (128, 64, (16, 16), False, False),
+                                 (128, 64, (16, 16), False, True),
+                                 (128, 64, (16, 16), True, False),
+                                 (128, 128, (16, 16), None, False),
+                                 (128, 128, (16, 16), None, True)],
+                   ("fa2", 128): [(128, 64, (16, 16), False, False),
+                                  (128, 64, (16, 16), True, False),
+                                  (128, 64, (16, 16), True, True),
+                                  (128, 32, (16, 16), True, False),
+                                  (128, 32, (16, 16), True, True),
+                                  (64, 64, (8, 16), True, False),
+                                  (64, 64, (8, 16), True, True),
+                                  (128, 64, (32, 8), True, True)]}
 FORWARD_CONFIGS |= {("tiled", d): configs for d, configs in {
     64: [(32, 64, (8, 16)), (32, 64, (4, 16)), (64, 32, (8, 8)), (64, 32, (16, 8)),
          (32, 32, (4, 8)), (32, 64, (8, 8))],
@@ -40,11 +47,12 @@ BACKWARD_CONFIGS = {
                   (128, 64, (16, 16)), (64, 128, (16, 16))],
     ("fa2", 128): [(64, 64, (16, 16)), (64, 64, (8, 16)), (32, 64, (8, 16)), (64, 32, (8, 16)),
                    (32, 32, (8, 16)), (128, 64, (16, 16))],
-    ("fa2-atomic", 64): [(64, 64, (16, 16)), (32, 64, (8, 16)), (64, 32, (16, 16)),
-                         (128, 64, (16, 16)), (64, 128, (16, 16)), (64, 128, (8, 16)),
-                         (64, 128, (32, 8)), (32, 128, (8, 16))],
-    ("fa2-atomic", 128): [(64, 64, (16, 16)), (32, 64, (8, 16)), (64, 32, (16, 16)),
-                          (32, 32, (8, 16))],
+    # fa2-atomic configurations may carry a fourth entry, vector_atomics (None: where possible)
+    ("fa2-atomic", 64): [(64, 128, (16, 16), False), (64, 128, (16, 16), True),
+                         (64, 64, (16, 16), True), (128, 64, (16, 16), True),
+                         (64, 128, (32, 8), True), (32, 64, (8, 16), True)],
+    ("fa2-atomic", 128): [(64, 64, (16, 16), False), (64, 64, (16, 16), True),
+                          (32, 64, (8, 16), True), (64, 32, (16, 16), True)],
 }
 
 
@@ -60,13 +68,14 @@ def _launch_forward(cfg, q, k, v, causal=False, kernel="tiled"):
 
 
 def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False, kernel="tiled"):
-    bm, bn, threads = cfg
+    bm, bn, threads, *options = cfg
+    extra = dict(vector_atomics=options[0]) if options else {}
     dq = arrays.empty_device(q.shape, q.dtype)
     dk = arrays.empty_device(k.shape, k.dtype)
     dv = arrays.empty_device(v.shape, v.dtype)
     BACKWARD[kernel].run(dout, q, k, v, lse, out, dq, dk, dv,
                          scale=1 / np.sqrt(q.shape[2]), heads=1, group=1,
-                         causal=causal, block_m=bm, block_n=bn, threads=threads)
+                         causal=causal, block_m=bm, block_n=bn, threads=threads, **extra)
     return dq, dk, dv
 
 

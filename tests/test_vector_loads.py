@@ -1,12 +1,15 @@
-"""The fa2 forward's vector_loads option (16-byte global loads, an experiment for tune): the
-same arithmetic as the scalar staging, so the same bits; clear errors where it cannot run."""
+"""16-byte global accesses (kernels/vector_io.py): the fa2 forward's vector_loads (Q, K, V
+loads and the O store) give the scalar path's bits; fa2-atomic's vector_atomics add the same
+dQ; the default takes the vector path only for aligned arrays; clear errors where it cannot
+run."""
 
 import numpy as np
 import pytest
 
-from numba_flash.kernels import forward_fa2
-from numba_flash.kernels.vector_io import aligned
-from numba_flash.testing import Case, check_forward
+from numba_flash import flash_attention_forward
+from numba_flash.kernels import backward_fa2, forward_fa2
+from numba_flash.kernels.vector_io import AlignedDispatch, aligned
+from numba_flash.testing import Case, check_backward, check_forward
 
 
 def run(case, dtype, block_m, block_n, **options):
@@ -52,6 +55,81 @@ def test_vector_loads_reject_misaligned_arrays():
         kern[(1, 2), threads](bad, good, good, out, lse, np.float32(0.3), 1, 1)
 
 
+def misaligned_copy(x):
+    """x's values in an array whose data pointer is 4 bytes past a 16-byte boundary."""
+    flat = np.zeros(x.size + 4, x.dtype)
+    start = (-flat.ctypes.data // x.itemsize) % 4 + 1      # elements to skip: 4 bytes off
+    view = flat[start:start + x.size].reshape(x.shape)
+    view[...] = x
+    return view
+
+
+def test_by_default_aligned_arrays_take_the_vector_path_and_misaligned_the_scalar():
+    # float32, 64 < d <= 128: the default (vector_loads=None) dispatches on alignment
+    case = Case("default", 1, 1, 1, 9, 20, 68)
+    assert forward_fa2.vector_loads_by_default(68, np.float32)
+    assert not forward_fa2.vector_loads_by_default(64, np.float32)
+    assert not forward_fa2.vector_loads_by_default(68, np.float64)
+    kern, threads = forward_fa2.make_forward_kernel(16, 16, 68, False, np.dtype(np.float32))
+    assert isinstance(kern, AlignedDispatch)
+    q, k, v, _ = case.inputs(np.float32)
+    q3, k3, v3 = (x.reshape(-1, x.shape[2], 68) for x in (q, k, v))
+    bad_q = misaligned_copy(q3)
+    assert not aligned(bad_q)
+    outs = []
+    for args_q, path in ((q3, kern.vector), (bad_q, kern.scalar)):
+        out, lse = np.zeros_like(q3), np.zeros(q3.shape[:2], np.float32)
+        args = (args_q, k3, v3, out, lse, np.float32(68 ** -0.5), 1, 1)
+        assert kern.pick(args) is path
+        kern[(1, 1), threads](*args)
+        outs.append((out, lse))
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    assert all(c.ok for c in check_forward(q, k, v, outs[0][0].reshape(q.shape),
+                                           outs[0][1].reshape(q.shape[:-1])))
+
+
+def run_atomic_backward(case, vector_atomics, dq=None):
+    q, k, v, dout = case.inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=case.causal)
+    d = q.shape[-1]
+    q3, k3, v3, dout3, out3 = (x.reshape(-1, x.shape[2], d) for x in (q, k, v, dout, out))
+    dq = np.zeros_like(q3) if dq is None else dq
+    dk, dv = np.zeros_like(k3), np.zeros_like(v3)
+    backward_fa2.run_backward(dout3, q3, k3, v3, lse.reshape(q3.shape[:2]), out3, dq, dk, dv,
+                              scale=d ** -0.5, heads=case.H, group=case.H // case.Hk,
+                              causal=case.causal, block_m=16, block_n=16, dq_atomic=True,
+                              vector_atomics=vector_atomics)
+    return (dout, q, k, v), [x.reshape(y.shape) for x, y in ((dq, q), (dk, k), (dv, v))]
+
+
+def test_vector_atomics_add_the_same_dq():
+    # several K/V blocks add into each dQ row; d below the padding; GQA
+    case = Case("vector atomics", 1, 2, 1, 20, 37, 12, causal=True)
+    inputs, vec = run_atomic_backward(case, True)
+    _, scalar = run_atomic_backward(case, False)
+    assert all(c.ok for c in check_backward(*inputs, *vec, causal=True))
+    np.testing.assert_array_equal(vec[1], scalar[1])    # dk and dv: no atomics, same bits
+    np.testing.assert_array_equal(vec[2], scalar[2])
+    np.testing.assert_allclose(vec[0], scalar[0], rtol=1e-5, atol=1e-6)   # sums reordered
+
+
+def test_vector_atomics_need_float32_d_a_multiple_of_4_and_an_aligned_dq():
+    with pytest.raises(ValueError, match="float32"):
+        backward_fa2.make_dkdv_kernel(16, 16, 12, False, np.float64, dq_atomic=True,
+                                      vector_atomics=True)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        backward_fa2.make_dkdv_kernel(16, 16, 10, False, np.float32, dq_atomic=True,
+                                      vector_atomics=True)
+    case = Case("misaligned dq", 1, 1, 1, 5, 7, 8)
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        run_atomic_backward(case, True, dq=misaligned_copy(np.zeros((1, 5, 8), np.float32)))
+    # the default falls back to scalar atomics for it
+    inputs, grads = run_atomic_backward(case, None,
+                                        dq=misaligned_copy(np.zeros((1, 5, 8), np.float32)))
+    assert all(c.ok for c in check_backward(*inputs, *grads))
+
+
 @pytest.mark.gpu
 def test_gpu_vector_loads_give_the_scalar_bits():
     case = Case("vector, real size", 2, 4, 2, 1000, 1030, 128, causal=False)
@@ -59,3 +137,14 @@ def test_gpu_vector_loads_give_the_scalar_bits():
     _, ref_out, ref_lse = run(case, np.float32, 128, 64)
     np.testing.assert_array_equal(out, ref_out)
     np.testing.assert_array_equal(lse, ref_lse)
+
+
+@pytest.mark.gpu
+def test_gpu_vector_atomics_add_the_same_dq():
+    case = Case("vector atomics, real size", 1, 4, 2, 700, 1030, 64, causal=True)
+    inputs, vec = run_atomic_backward(case, True)
+    _, scalar = run_atomic_backward(case, False)
+    assert all(c.ok for c in check_backward(*inputs, *vec, causal=True))
+    np.testing.assert_array_equal(vec[1], scalar[1])
+    np.testing.assert_array_equal(vec[2], scalar[2])
+    np.testing.assert_allclose(vec[0], scalar[0], rtol=1e-4, atol=1e-5)

@@ -37,6 +37,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKerne
                      numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
+from .vector_io import VECTOR, AlignedDispatch, add4, aligned
 
 
 def thread_shape(block_m, block_n, head_dim, threads=None):
@@ -209,22 +210,46 @@ def _recompute_p(T, causal):
     return recompute_p
 
 
-def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False):
+def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False,
+                     vector_atomics=None):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group). With dq_atomic the kernel also
     adds scale dS K into dq (which must hold zeros) with atomics, and no dQ kernel is needed:
     5 matmuls' work instead of 7, at the price of bitwise reproducibility. Without it dq is
-    not touched."""
+    not touched.
+    vector_atomics (dq_atomic only): add each thread's run of 4 dQ columns with one 16-byte
+    vector atomic (vector_io.add4, sm_90) instead of 4 scalar ones: a warp's scalar atomics
+    touch four times the 32-byte sectors they change (ncu: 51 % of the kernel's global sectors
+    were excess). float32 with d % 4 == 0 only (else ValueError). True: the launcher rejects a
+    dq whose rows are not 16-byte aligned; None (the default): vectors where they can run and dq
+    is aligned (vector_io.AlignedDispatch), scalar atomics otherwise; False: scalar atomics."""
     d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads, dq_atomic)
-    return _dkdv(block_m, block_n, d_pad, d_const, bool(causal), np.dtype(dtype), threads,
-                 bool(dq_atomic))
+    possible = bool(dq_atomic) and np.dtype(dtype) == np.float32 and head_dim % VECTOR == 0
+    if vector_atomics and not possible:
+        raise ValueError(f"vector_atomics needs dq_atomic, float32 and d a multiple of {VECTOR}, "
+                         f"got dq_atomic={dq_atomic}, {np.dtype(dtype)}, d={head_dim}")
+    build = functools.partial(_dkdv, block_m, block_n, d_pad, d_const, bool(causal),
+                              np.dtype(dtype), threads, bool(dq_atomic))
+    if vector_atomics is None and possible:
+        (vector, threads_per_block), (scalar, _) = build(True), build(False)
+        return AlignedDispatch(vector, scalar, positions=(DQ_ARG,)), threads_per_block
+    return build(bool(vector_atomics))
+
+
+DQ_ARG = 8      # dq's position among the dK/dV kernel's arguments
+
+
+def _check_dq_aligned(args):
+    if not aligned(args[DQ_ARG]):
+        raise ValueError("vector_atomics needs dq with a 16-byte aligned data pointer and rows")
 
 
 @functools.lru_cache(maxsize=None)
-def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic):
+def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, vector_atomics):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
         block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2, dq_atomic)
     DQ_ATOMIC = dq_atomic
+    RED4 = vector_atomics
     # dQ += dS K: rows i of dS (block_m of them, owned by ty) against the K tile
     TQ = block_m // c["TY"]
     accumulate_dq = tile_products(c["T"], TQ, 1, c["TY"], c["TX"], c["D_PAD"], c["D_ROW"],
@@ -307,6 +332,15 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic):
                         i = m0 + ty + U(a) * uTY
                         if i < nq:
                             for e in range(TE):
+                                if RED4:               # the run of CHUNK == VECTOR columns
+                                    col = U(e) * uRUN + tx * U(CHUNK)
+                                    if col < d:
+                                        add4(dq, bh, i, col,
+                                             (dq_acc[a, e * CHUNK] * scale,
+                                              dq_acc[a, e * CHUNK + 1] * scale,
+                                              dq_acc[a, e * CHUNK + 2] * scale,
+                                              dq_acc[a, e * CHUNK + 3] * scale))
+                                    continue
                                 for cc in range(CHUNK):
                                     col = U(e) * uRUN + tx * U(CHUNK) + U(cc)
                                     if col < d:
@@ -318,7 +352,8 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic):
         store_rows(dk, kvh, n0, nk, d, dk_acc, T(1.0), ty, tx)
         store_rows(dv, kvh, n0, nk, d, dv_acc, T(1.0), ty, tx)
 
-    return DynamicSharedKernel(dkdv_fa2, c["nbytes"]), (TX, TY)
+    return DynamicSharedKernel(dkdv_fa2, c["nbytes"],
+                               check=_check_dq_aligned if RED4 else None), (TX, TY)
 
 
 def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
@@ -393,11 +428,12 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m, block_n, threads=None, dq_atomic=False):
+                 block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
     backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
-    "fa2-atomic" variant, which the API replaces by "fa2" when deterministic=True)."""
+    "fa2-atomic" variant, which the API replaces by "fa2" when deterministic=True);
+    vector_atomics: see make_dkdv_kernel (with dq_atomic only)."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -407,7 +443,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), dtype)
     pre, tpb = make_preprocess_kernel(d, dtype, clear=atomic)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
-    dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic)
+    dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic,
+                                 vector_atomics if atomic else False)
     dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq, scale, heads,
                                             group)
     if not atomic:

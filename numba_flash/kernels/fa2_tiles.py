@@ -15,8 +15,12 @@ import functools
 from numba import cuda
 
 from .common import SIMULATOR, U
+from .vector_io import VECTOR
 
 CHUNK = 4      # elements per vector load (16 bytes in float32; float64 reads two v2)
+# each thread owns runs of CHUNK head-dim columns, which the kernels' vector_io paths read,
+# write or add with one access of VECTOR elements
+assert CHUNK == VECTOR
 PAD = 4        # row padding of arrays read by rows from different lanes (see forward_fa2)
 DEVICE = dict(device=True) if SIMULATOR else dict(device=True, forceinline=True)
 ALIGN = None if SIMULATOR else 16      # of the dynamic shared array; the simulator rejects one

@@ -38,7 +38,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKerne
                      numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
-from .vector_io import VECTOR, aligned, load4
+from .vector_io import VECTOR, AlignedDispatch, aligned, load4, store4
 
 SM_SHARED_BYTES = 228 * 1024   # shared memory of one Hopper SM (H100, H200)
 
@@ -78,7 +78,9 @@ def shared_bytes(block_m, block_n, head_dim, item, threads=None):
 def default_blocks(head_dim, dtype):
     """(block_m, block_n), chosen by `numba-flash tune` on an H200 (2026-11-29, N = 2048,
     float32): d = 64 ran 28.2 TFLOP/s with (128, 128), d = 128 30.6 with (128, 64), both with
-    16 x 16 threads and the prefetch; smaller tiles for larger d and for float64."""
+    16 x 16 threads and the prefetch; smaller tiles for larger d and for float64. (At N = 1k,
+    d = 64, (128, 64) without the prefetch ran 27.4 against 25.1 in one tune and 25.2 against
+    26.3 in the next, 15 minutes later: within the noise, so the default stayed.)"""
     item = np.dtype(dtype).itemsize
     if item == 4:
         choices = ((64, 32),) if head_dim <= 16 else ((64, 64),) if head_dim <= 32 else \
@@ -92,14 +94,24 @@ def default_blocks(head_dim, dtype):
 
 
 def _check_aligned(args):
-    if not aligned(*args[:3]):
-        raise ValueError("fa2 forward with vector_loads needs q, k and v with 16-byte aligned "
-                         "data pointers and rows (d * itemsize a multiple of 16)")
+    if not aligned(*args[:4]):
+        raise ValueError("fa2 forward with vector_loads needs q, k, v and out with 16-byte "
+                         "aligned data pointers and rows (d * itemsize a multiple of 16)")
+
+
+def vector_loads_by_default(head_dim, dtype):
+    """Whether vector_loads=None (the default) means the vector path: float32 with
+    64 < d <= 128 and d % 4 == 0, where `numba-flash tune` timed it faster on an H200
+    (2026-11-29, d = 128, 128 x 64 tiles, prefetch on: vector loads alone 29.1 against 28.4
+    TFLOP/s at N = 1k and 32.3 against 30.6 at N = 2k; with the vector O store too, 29.5
+    against 28.3 at N = 1k); at d = 64 it was slower in both tunes (128 x 128: 24.7 against
+    25.1, then 23.9 against 26.3 at N = 1k), elsewhere untimed."""
+    return np.dtype(dtype).itemsize == 4 and 64 < head_dim <= 128 and head_dim % VECTOR == 0
 
 
 @functools.lru_cache(maxsize=None)
 def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, prefetch=None,
-                        vector_loads=False):
+                        vector_loads=None):
     """Compile-time constants in, (launcher, threads_per_block) out. Launch as
     launcher[grid, threads](q, k, v, out, lse, scale, heads, group) with grid
     (ceil(Nq / block_m), B*H); the launcher adds the dynamic shared memory.
@@ -109,15 +121,27 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     hides the loads) and the registers allow it: it costs 2 * block_n * d / threads registers
     per thread, on top of the S and O accumulators; 160 of the 255 for both is what compiled
     without spills (ptxas -v, sm_90).
-    vector_loads: stage Q, K and V with 16-byte global loads (vector_io.load4; d a multiple of
-    4, and the launcher then rejects arrays whose rows are not 16-byte aligned). An experiment
-    for the d = 128, N = 1k forward, not yet timed on a GPU: a block stages its Q tile and first
-    K/V tile before any compute, 64 + 64 scalar loads per thread at d = 128 that ptxas issues
-    eight at a time; vectors make that 16 + 16. Off, the kernel compiles to the same PTX as
-    before the option existed (the vector path is separate code under `if VEC`)."""
+    vector_loads: stage Q, K and V with 16-byte global loads and write O with 16-byte stores
+    (vector_io.load4, store4; d a multiple of 4, else ValueError). True: the launcher rejects
+    arrays whose rows are not 16-byte aligned. None (the default): where
+    vector_loads_by_default says so, the launcher takes the vector path for aligned arrays and
+    the scalar one otherwise (vector_io.AlignedDispatch); elsewhere the scalar path. Why it
+    helps at d = 128: a block stages its Q tile and first K/V tile before any compute, 64 + 64
+    scalar loads per thread that ptxas issues eight at a time; vectors make that 16 + 16; and
+    the scalar O store of a warp touches four times the 32-byte sectors it writes (ncu).
+    False: the scalar path, whose PTX is the same as before the option existed (the vector
+    path is separate code under `if VEC`)."""
     check_block("block_m", block_m, 256)
     check_block("block_n", block_n, 256)
     check_head_dim(head_dim)
+    if vector_loads is None:
+        if not vector_loads_by_default(head_dim, dtype):
+            vector_loads = False
+        else:
+            build = functools.partial(make_forward_kernel, block_m, block_n, head_dim, causal,
+                                      dtype, threads, prefetch)
+            (vector, threads_per_block), (scalar, _) = build(True), build(False)
+            return AlignedDispatch(vector, scalar, positions=range(4)), threads_per_block
     T = numba_type(dtype)
     item = T.bitwidth // 8
     TY, TX, D_PAD, D_ROW, S_ROW, off, total = _layout(block_m, block_n, head_dim, threads, item)
@@ -349,6 +373,14 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                     l_i += sm[uR + r * uRR + U(t)]
                 inv_l = T(1.0) / l_i if l_i > T(0.0) else T(0.0)
                 for e in range(TE):
+                    if VEC:                    # the run of CHUNK == VECTOR columns in one store
+                        col = U(e) * uRUN + tx * uCH
+                        if col < uD:
+                            store4(out, bh, i, col, (o[a, e * CHUNK] * inv_l,
+                                                     o[a, e * CHUNK + 1] * inv_l,
+                                                     o[a, e * CHUNK + 2] * inv_l,
+                                                     o[a, e * CHUNK + 3] * inv_l))
+                        continue
                     for cc in range(CHUNK):
                         col = U(e) * uRUN + tx * uCH + U(cc)
                         if col < uD:

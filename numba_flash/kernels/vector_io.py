@@ -1,14 +1,18 @@
-"""16-byte global loads for Numba kernels (an experiment of the fa2 forward, not yet measured).
+"""16-byte global memory access for Numba kernels: four elements of one row in one instruction.
 
-load4(src, head, row, col) returns src[head, row, col : col + 4] as a 4-tuple with one vector
-load instruction (ld.global.v4.f32 in float32; two ld.global.v2.f64 in float64). Numba emits
-one scalar load per element and cannot vectorize them itself: it does not know that the
-address is 16-byte aligned. Here the caller promises it: the array's data pointer and its row
-stride in bytes are multiples of 16 and col is a multiple of 4 (the launcher checks the first
-two, the kernel's staging loop the third). Nothing checks it at run time on the GPU: a
-misaligned address is a CUDA error (misaligned address), not a wrong answer.
+load4(src, head, row, col) returns src[head, row, col : col + 4] as a 4-tuple (ld.global.v4.f32
+in float32; two ld.global.v2.f64 in float64).
+store4(dst, head, row, col, x) writes the 4-tuple x there (st.global.v4.f32).
+add4(dst, head, row, col, x) adds x there atomically, one red.global.add.v4.f32 (float32 only;
+sm_90 and newer): dst[..., col + e] += x[e], each element its own atomic add.
 
-On the simulator it reads the four elements one by one.
+Numba emits one scalar access per element and cannot vectorize them itself: it does not know
+that the address is 16-byte aligned. Here the caller promises it: the array's data pointer and
+its row stride in bytes are multiples of 16 and col is a multiple of 4 (the launchers check the
+first two with `aligned`, the kernels' loops guarantee the third). Nothing checks it at run time
+on the GPU: a misaligned address is a CUDA error (misaligned address), not a wrong answer.
+
+On the simulator each accesses the four elements one by one (add4 with cuda.atomic.add).
 """
 
 from numba import cuda
@@ -30,34 +34,114 @@ def aligned(*arrays):
     return True
 
 
+class AlignedDispatch:
+    """A launcher, launcher[grid, block](*args), that runs `vector` (a kernel using these
+    accesses) when the arguments at `positions` pass `aligned`, else `scalar` (the same kernel
+    with scalar accesses): so a caller's misaligned view still works, at scalar speed."""
+
+    def __init__(self, vector, scalar, positions):
+        self.vector, self.scalar, self.positions = vector, scalar, tuple(positions)
+
+    def pick(self, args):
+        return self.vector if aligned(*(args[i] for i in self.positions)) else self.scalar
+
+    def __getitem__(self, config):
+        def launch(*args):
+            self.pick(args)[config](*args)
+        return launch
+
+
 if SIMULATOR:
     @cuda.jit(device=True)
     def load4(src, head, row, col):
         return (src[head, row, col], src[head, row, col + 1], src[head, row, col + 2],
                 src[head, row, col + 3])
+
+    @cuda.jit(device=True)
+    def store4(dst, head, row, col, x):
+        for e in range(VECTOR):
+            dst[head, row, col + e] = x[e]
+
+    @cuda.jit(device=True)
+    def add4(dst, head, row, col, x):
+        for e in range(VECTOR):
+            cuda.atomic.add(dst, (head, row, col + e), x[e])
 else:
     from llvmlite import ir
     from numba import types
     from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
+    def _first(context, builder, sig, args):
+        """Pointer to array[head, row, col] (args[0] the array, args[1:4] the indices)."""
+        array_type, index_types = sig.args[0], sig.args[1:4]
+        array = context.make_array(array_type)(context, builder, value=args[0])
+        indices = [context.cast(builder, value, ty, types.intp)
+                   for value, ty in zip(args[1:4], index_types)]
+        return cgutils.get_item_pointer(context, builder, array_type, array, indices,
+                                        wraparound=False)
+
+    def _vector_pointer(context, builder, sig, args):
+        vector = ir.VectorType(context.get_data_type(sig.args[0].dtype), VECTOR)
+        return builder.bitcast(_first(context, builder, sig, args), vector.as_pointer())
+
+    def _array3(array):
+        return isinstance(array, types.Array) and array.ndim == 3
+
+    def _tuple_of(x, dtype):
+        return isinstance(x, types.UniTuple) and x.count == VECTOR and x.dtype == dtype
+
     @intrinsic
     def load4(typingctx, src, head, row, col):
-        if not (isinstance(src, types.Array) and src.ndim == 3):
+        if not _array3(src):
             return None
         sig = types.UniTuple(src.dtype, VECTOR)(src, head, row, col)
 
         def codegen(context, builder, sig, args):
-            array_type, index_types = sig.args[0], sig.args[1:]
-            array = context.make_array(array_type)(context, builder, value=args[0])
-            indices = [context.cast(builder, value, ty, types.intp)
-                       for value, ty in zip(args[1:], index_types)]
-            first = cgutils.get_item_pointer(context, builder, array_type, array, indices,
-                                             wraparound=False)
-            vector = ir.VectorType(context.get_data_type(array_type.dtype), VECTOR)
-            loaded = builder.load(builder.bitcast(first, vector.as_pointer()), align=ALIGN_BYTES)
+            loaded = builder.load(_vector_pointer(context, builder, sig, args),
+                                  align=ALIGN_BYTES)
             values = [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
                       for e in range(VECTOR)]
             return context.make_tuple(builder, sig.return_type, values)
+
+        return sig, codegen
+
+    @intrinsic
+    def store4(typingctx, dst, head, row, col, x):
+        if not (_array3(dst) and _tuple_of(x, dst.dtype)):
+            return None
+        sig = types.void(dst, head, row, col, x)
+
+        def codegen(context, builder, sig, args):
+            vector = ir.VectorType(context.get_data_type(sig.args[0].dtype), VECTOR)
+            value = ir.Constant(vector, ir.Undefined)
+            for e in range(VECTOR):
+                value = builder.insert_element(value, builder.extract_value(args[4], e),
+                                               ir.Constant(ir.IntType(32), e))
+            builder.store(value, _vector_pointer(context, builder, sig, args), align=ALIGN_BYTES)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    # PTX ISA 8.1, sm_90: vector reductions exist for global memory only, hence the conversion
+    # of the generic address Numba holds into a global one. Like the scalar float atomic add
+    # (cuda.atomic.add), it flushes subnormals to zero (REDG.E.ADD.F32x4.FTZ.RN in the SASS).
+    _RED_V4_F32 = ("{ .reg .u64 g; cvta.to.global.u64 g, $0; "
+                   "red.global.add.v4.f32 [g], {$1, $2, $3, $4}; }")
+
+    @intrinsic
+    def add4(typingctx, dst, head, row, col, x):
+        if not (_array3(dst) and dst.dtype == types.float32 and _tuple_of(x, types.float32)):
+            return None
+        sig = types.void(dst, head, row, col, x)
+
+        def codegen(context, builder, sig, args):
+            f32 = ir.FloatType()
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [f32] * VECTOR),
+                               _RED_V4_F32, "l,f,f,f,f,~{memory}", side_effect=True)
+            address = builder.ptrtoint(_first(context, builder, sig, args), ir.IntType(64))
+            builder.call(asm, [address] + [builder.extract_value(args[4], e)
+                                           for e in range(VECTOR)])
+            return context.get_dummy_value()
 
         return sig, codegen
