@@ -25,6 +25,20 @@ roundoff each at |lse|. So P is off by up to S_ROUNDING_ULPS units of max |lse| 
 each gradient's floor adds that times its terms. At logits of order 1 (|lse| ~ 10) this about
 doubles the floor; with rows offset by 1e3 (|lse| ~ 1e3) the kernels' dk was off by 1e-4
 relative, 9x what the floor without it allowed (gpu fuzz, 2026-11-29; tests/test_tolerance.py).
+
+The backward also allows for the rounding of dS = P (dP - D)'s inputs. D_i = rowsum(dO_i * O_i)
+is computed from the forward's O, which a correct forward may return a unit of roundoff or a
+few off NumPy's, and dP_ij rounds too; with one dominant key dP_ij - D_i cancels to ~0 and those
+units are all that is left of it, while the floor above follows |dS| ~ 0. And the logits'
+rounding reaches the gradients: S_ij off by up to s_err (the forward's allowance) moves P_ij by
+up to 2 s_err relative (its own logit and its row's lse) and D_i with it. So dq's and dk's
+floors add D_ROUNDING_ULPS units of roundoff plus 2 s_err of their sums taken over
+P_ij (|dP_ij| + |D_i|) instead of |dS_ij|, and dv's adds 2 s_err of its terms. Without the
+first, the float64 fa2 backward failed at 1.9x (dk 7.6e-14 against 3.9e-14; dominant key;
+gpu properties, 2026-11-29), as does the NumPy FlashAttention backward fed an O one unit of
+roundoff off; without the second, the float32 fa2-atomic backward at 1.03x (dk 1.51e-3 against
+1.47e-3; row offsets, d = 186), and gradients computed exactly from logits summed in the
+kernels' order make nearly those errors (tests/test_tolerance.py replays both in NumPy).
 """
 
 from dataclasses import dataclass
@@ -37,6 +51,7 @@ FORWARD_MULTIPLE = 2.0
 GRADIENT_MULTIPLE = 3.0
 FLOOR_ULPS = 16
 S_ROUNDING_ULPS = 2
+D_ROUNDING_ULPS = 2
 
 
 @dataclass(frozen=True)
@@ -142,7 +157,7 @@ def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None):
     if kv_heads is not None and kv_heads != q.shape[1]:
         truth = (truth[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in truth[1:])
         same = (same[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in same[1:])
-    terms, extras = _gradient_terms(dout, q, k, v, causal, scale)
+    terms, extras = _gradient_terms(dout, q, k, v, causal, scale, kv_heads)
     return [compare(name, got, t, s, GRADIENT_MULTIPLE, dtype, terms=m, extra=e)
             for name, got, t, s, m, e in zip(("dq", "dk", "dv"), (dq, dk, dv), truth, same,
                                              terms, extras)]
@@ -163,24 +178,40 @@ def _reference_s_p_dp(q, k, v, dout, causal, scale, dtype):
     return S, ref.safe_softmax(S), dout @ np.swapaxes(v, -1, -2)
 
 
-def _gradient_terms(dout, q, k, v, causal, scale):
+def _gradient_terms(dout, q, k, v, causal, scale, kv_heads=None):
     """(terms, extras) for dq, dk, dv. terms: sizes of the sums behind them (float64): dq_i =
-    scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i, dv_j = sum_i P_ij dO_i. Rows of dS sum
-    to zero, so dq can cancel to ~0 while its terms do not; the rounding floor follows the
-    terms. extras: the rounding of P recomputed from lse (module docstring)."""
+    scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i (summed over the query heads sharing
+    key head j under GQA), dv_j = sum_i P_ij dO_i. Rows of dS sum to zero, so dq can cancel to
+    ~0 while its terms do not; the rounding floor follows the terms. extras: the rounding of P
+    recomputed from lse, and that of dS = P (dP - D)'s inputs (module docstring)."""
     s = ref.default_scale(q.shape[-1], scale)
     S, P, dP = _reference_s_p_dp(q, k, v, dout, causal, scale, np.float64)
-    dS = np.abs(P * (dP - (P * dP).sum(axis=-1, keepdims=True)))
+    D = (P * dP).sum(axis=-1, keepdims=True)
     q_max, k_max = float(np.abs(q).max()), float(np.abs(k).max())
-    terms = (s * dS.sum(axis=-1).max() * k_max, s * dS.sum(axis=-2).max() * q_max,
-             P.sum(axis=-2).max() * float(np.abs(dout).max()))
+
+    def dq_dk_sizes(x):
+        """scale max_i sum_j |x_ij| k_max and scale max_j sum_i |x_ij| q_max (GQA-summed)."""
+        dk_sums = np.abs(x).sum(axis=-2)             # (..., H, Nk)
+        if kv_heads is not None and kv_heads != q.shape[1]:
+            dk_sums = ref.sum_kv_groups(dk_sums[..., None], kv_heads)
+        return s * np.abs(x).sum(axis=-1).max() * k_max, s * dk_sums.max() * q_max
+
+    terms = dq_dk_sizes(P * (dP - D)) + (P.sum(axis=-2).max() * float(np.abs(dout).max()),)
     eps = float(np.finfo(q.dtype).eps)
     # lse_i = m_i - log(max_j P_ij), since the largest P_ij is exp(m_i - lse_i): no second pass
     m, p_max = S.max(axis=-1), P.max(axis=-1)
     seen = p_max > 0                                 # rows with a visible key
     lse = m[seen] - np.log(p_max[seen])
     p_err = S_ROUNDING_ULPS * eps * float(np.abs(lse).max(initial=0.0))
+    # dP_ij and D_i each off by D_ROUNDING_ULPS units of their size: dS_ij by that of
+    # P_ij (|dP_ij| + |D_i|), which is not small when dP_ij - D_i cancels
+    # the logits' rounding (forward docstring): S_ij off by up to s_err moves P_ij by up to
+    # 2 s_err relative (its own and its row's lse), and D_i with it
+    s_err = logit_rounding(q, k, scale)
+    ds_err = tuple((D_ROUNDING_ULPS * eps + 2 * s_err) * t
+                   for t in dq_dk_sizes(P * (np.abs(dP) + np.abs(D))))
     extras = tuple(p_err * t for t in terms)        # P = exp(S - lse) off by p_err relative
+    extras = (extras[0] + ds_err[0], extras[1] + ds_err[1], extras[2] + 2 * s_err * terms[2])
     return terms, extras
 
 
