@@ -169,6 +169,30 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, 
             sm[dst + r * uDR + c] = x
             idx += uNT
 
+    LOADS = ceil_div(block_m * D_PAD, TY * TX)    # elements of a block_m-row tile per thread
+
+    @cuda.jit(**DEVICE)
+    def fetch(regs, src, head, row0, tid, d, mult):
+        """regs[it] = what stage(..., rows=block_m, ...) would put in the it-th slot this
+        thread stages: the global loads of a block_m-row tile, issued ahead of time."""
+        n = U(src.shape[1])
+        for it in range(LOADS):
+            idx = tid + U(it) * uNT
+            r = idx // uDP
+            c = idx % uDP
+            x = T(0.0)
+            if row0 + r < n and c < d:
+                x = src[head, row0 + r, c] * mult
+            regs[it] = x
+
+    @cuda.jit(**DEVICE)
+    def put(sm, dst, regs, tid):
+        """The tile that fetch loaded into registers, into shared memory as stage lays it."""
+        for it in range(LOADS):
+            idx = tid + U(it) * uNT
+            if idx < U(block_m) * uDP:
+                sm[dst + (idx // uDP) * uDR + idx % uDP] = regs[it]
+
     @cuda.jit(**DEVICE)
     def store_rows(dst, head, row0, n, d, acc, mult, ty, tx):
         """dst[head, row0 + ty + a TY, col(cc)] = mult * acc[a, cc] inside the array (rows
@@ -194,7 +218,7 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, 
             r += uNT
 
     sizes = dict(T=T, TY=TY, TX=TX, TA=TA, TB=TB, TD=TD, TE=TE, W_ROW=W_ROW, D_ROW=D_ROW,
-                 D_PAD=D_PAD, off=off, nbytes=item * total)
+                 D_PAD=D_PAD, off=off, nbytes=item * total, LOADS=LOADS, fetch=fetch, put=put)
     return sizes, stage, dot_rows, accumulate, store_rows, row_vectors
 
 
@@ -211,7 +235,7 @@ def _recompute_p(T, causal):
 
 
 def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False,
-                     vector_atomics=None):
+                     vector_atomics=None, prefetch=False):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group). With dq_atomic the kernel also
     adds scale dS K into dq (which must hold zeros) with atomics, and no dQ kernel is needed:
@@ -222,14 +246,19 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     touch four times the 32-byte sectors they change (ncu: 51 % of the kernel's global sectors
     were excess). float32 with d % 4 == 0 only (else ValueError). True: the launcher rejects a
     dq whose rows are not 16-byte aligned; None (the default): vectors where they can run and dq
-    is aligned (vector_io.AlignedDispatch), scalar atomics otherwise; False: scalar atomics."""
+    is aligned (vector_io.AlignedDispatch), scalar atomics otherwise; False: scalar atomics.
+    prefetch: load the next Q and dO tiles of a head into registers while this one is computed,
+    as forward_fa2 does with K and V (one block per SM leaves nothing else to hide the loads
+    behind). An experiment for `numba-flash tune`, not yet timed on a GPU and off by default;
+    off, the kernel is the same code as without the option (the new code is under `if
+    PREFETCH`)."""
     d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads, dq_atomic)
     possible = bool(dq_atomic) and np.dtype(dtype) == np.float32 and head_dim % VECTOR == 0
     if vector_atomics and not possible:
         raise ValueError(f"vector_atomics needs dq_atomic, float32 and d a multiple of {VECTOR}, "
                          f"got dq_atomic={dq_atomic}, {np.dtype(dtype)}, d={head_dim}")
     build = functools.partial(_dkdv, block_m, block_n, d_pad, d_const, bool(causal),
-                              np.dtype(dtype), threads, bool(dq_atomic))
+                              np.dtype(dtype), threads, bool(dq_atomic), prefetch=bool(prefetch))
     if vector_atomics is None and possible:
         (vector, threads_per_block), (scalar, _) = build(True), build(False)
         return AlignedDispatch(vector, scalar, positions=(DQ_ARG,)), threads_per_block
@@ -245,11 +274,15 @@ def _check_dq_aligned(args):
 
 
 @functools.lru_cache(maxsize=None)
-def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, vector_atomics):
+def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, vector_atomics,
+          prefetch=False):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
         block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2, dq_atomic)
     DQ_ATOMIC = dq_atomic
     RED4 = vector_atomics
+    PREFETCH = prefetch
+    fetch, put = c["fetch"], c["put"]
+    NEXT = c["LOADS"] if prefetch else 1
     # dQ += dS K: rows i of dS (block_m of them, owned by ty) against the K tile
     TQ = block_m // c["TY"]
     accumulate_dq = tile_products(c["T"], TQ, 1, c["TY"], c["TX"], c["D_PAD"], c["D_ROW"],
@@ -282,6 +315,8 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         dk_acc = cuda.local.array((TA, TD), T)
         dv_acc = cuda.local.array((TA, TD), T)
         dq_acc = cuda.local.array((TQ if DQ_ATOMIC else 1, TD), T)
+        q_next = cuda.local.array(NEXT, T)            # this thread's share of the next Q tile
+        do_next = cuda.local.array(NEXT, T)           # and of the next dO tile
         for a in range(TA):
             for cc in range(TD):
                 dk_acc[a, cc] = T(0.0)
@@ -298,11 +333,19 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         for g in range(group):                         # the query heads sharing this key head
             bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
             m0 = m_start
-            while m0 < nq:
+            if PREFETCH and m0 < nq:                   # a head's first tiles: no prefetch
                 stage(sm, uQ, q, bh, m0, uBM, tid, d, scale)
                 stage(sm, udO, dout, bh, m0, uBM, tid, d, T(1.0))
+            while m0 < nq:
+                if not PREFETCH:
+                    stage(sm, uQ, q, bh, m0, uBM, tid, d, scale)
+                    stage(sm, udO, dout, bh, m0, uBM, tid, d, T(1.0))
                 row_vectors(sm, uL, uDv, lse, Dvec, bh, m0, uBM, tid)
                 cuda.syncthreads()
+                m1 = m0 + uBM
+                if PREFETCH and m1 < nq:               # lands while this tile is computed
+                    fetch(q_next, q, bh, m1, tid, d, scale)
+                    fetch(do_next, dout, bh, m1, tid, d, T(1.0))
                 dot_rows(sm, uK, uQ, s, ty, tx)        # S^T[j, i], summed as the forward did
                 dot_rows(sm, uV, udO, dp, ty, tx)      # dP^T[j, i]
                 for a in range(TA):
@@ -346,7 +389,10 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
                                     if col < d:
                                         cuda.atomic.add(dq, (bh, i, col),
                                                         dq_acc[a, e * CHUNK + cc] * scale)
-                cuda.syncthreads()
+                cuda.syncthreads()                     # every warp is done with Q and dO
+                if PREFETCH and m1 < nq:
+                    put(sm, uQ, q_next, tid)
+                    put(sm, udO, do_next, tid)
                 m0 += uBM
 
         store_rows(dk, kvh, n0, nk, d, dk_acc, T(1.0), ty, tx)
@@ -428,12 +474,13 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None):
+                 block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None,
+                 prefetch=False):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
     backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
     "fa2-atomic" variant, which the API replaces by "fa2" when deterministic=True);
-    vector_atomics: see make_dkdv_kernel (with dq_atomic only)."""
+    vector_atomics (with dq_atomic only), prefetch: see make_dkdv_kernel."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -444,7 +491,7 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     pre, tpb = make_preprocess_kernel(d, dtype, clear=atomic)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic,
-                                 vector_atomics if atomic else False)
+                                 vector_atomics if atomic else False, prefetch)
     dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq, scale, heads,
                                             group)
     if not atomic:
