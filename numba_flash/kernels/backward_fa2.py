@@ -3,7 +3,8 @@ atomics, bitwise reproducible: "fa2") rebuilt with what made forward_fa2.py fast
 two-launch "fa2-atomic" (dq_atomic=True: the dK/dV kernel also adds dQ up with atomics, no dQ
 kernel), the default backward since its GPU runs on an H200 (2026-11-29: `numba-flash verify`
 11/11 cases in both dtypes, compute-sanitizer memcheck and racecheck clean; `numba-flash tune`
-at N = 2048: 24.5 TFLOP/s at d = 64 and 21.4 at d = 128, against fa2's 18.5 and 16.5).
+at N = 2048: 24.5 TFLOP/s at d = 64 and 21.4 at d = 128, against fa2's 18.5 and 16.5; 25.4
+and 22.9 with its dQ atomics 16 bytes at a time, `vector_atomics`).
 
   * One dynamic shared allocation (common.DynamicSharedKernel), so that d = 128 can use 64 x 64
     tiles instead of backward.py's 16 x 16.
