@@ -3,6 +3,8 @@ decide NUMBA_ENABLE_CUDASIM, which numba reads once, at its first import of numb
 
 import ctypes
 import os
+import sys
+import warnings
 
 
 def cuda_gpu_present():
@@ -21,7 +23,18 @@ def use_simulator_without_gpu():
     """Turn on Numba's CUDA simulator when no GPU is present and the user has not chosen.
 
     Must run before numba.cuda is first imported. Returns True when the simulator is on.
+    If numba.cuda was imported first (the simulator off) on a machine without a GPU it is too
+    late: numba.cuda is bound to the real driver, and setting the variable now would make
+    later compilations half simulator (numba re-reads it when it compiles), failing with
+    errors about FakeCUDAKernel. Then nothing changes, a RuntimeWarning says what to do, and
+    the answer is False (the kernels cannot run in this process).
     """
     if "NUMBA_ENABLE_CUDASIM" not in os.environ and not cuda_gpu_present():
+        if "numba.cuda" in sys.modules:
+            warnings.warn("numba.cuda was imported before numba_flash and there is no CUDA GPU, "
+                          "so the kernels cannot run in this process: import numba_flash "
+                          "first, or set NUMBA_ENABLE_CUDASIM=1 before importing numba, to run "
+                          "them on Numba's CUDA simulator", RuntimeWarning, stacklevel=3)
+            return False
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")

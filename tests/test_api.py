@@ -1,11 +1,14 @@
 """Bad input gets a clear error before any launch; every error names what is wrong."""
 
 import functools
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
-from numba_flash import flash_attention_backward, flash_attention_forward
+from numba_flash import cuda_gpu_present, flash_attention_backward, flash_attention_forward
 from numba_flash.kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
 from numba_flash.testing import Case, check_backward
 
@@ -151,3 +154,22 @@ def test_deterministic_runs_the_registered_twin_at_its_own_tiles(monkeypatch):
                      (DEFAULT_BACKWARD, *BACKWARD[DEFAULT_BACKWARD].default_blocks(8, np.float32))]
     assert calls[0][1:] != calls[1][1:]
     assert all(c.ok for g in (exact, fast) for c in check_backward(dout, q, k, v, *g))
+
+
+@pytest.mark.skipif(cuda_gpu_present(), reason="the case of a machine without a GPU")
+@pytest.mark.parametrize("first", ["numba_flash", "numba.cuda"])
+def test_without_a_gpu_the_import_order_is_handled(first):
+    # numba_flash first: the simulator is turned on. numba.cuda first: too late for that
+    # (half-simulator kernels would fail obscurely); a warning says what to do instead.
+    code = (f"import os, warnings\nwarnings.simplefilter('always')\nimport {first}\n"
+            "import numba_flash\n"
+            "print(numba_flash.SIMULATOR, os.environ.get('NUMBA_ENABLE_CUDASIM'))")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    if first == "numba_flash":
+        assert run.stdout.split() == ["True", "1"] and "RuntimeWarning" not in run.stderr
+    else:
+        assert run.stdout.split() == ["False", "None"]
+        assert "import numba_flash first" in run.stderr
