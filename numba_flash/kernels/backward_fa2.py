@@ -38,7 +38,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKerne
                      numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
-from .vector_io import VECTOR, AlignedDispatch, add4, aligned
+from .vector_io import VECTOR, AlignedDispatch, add4, require_aligned
 
 
 def thread_shape(block_m, block_n, head_dim, threads=None):
@@ -176,6 +176,9 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, 
     def fetch(regs, src, head, row0, tid, d, mult):
         """regs[it] = what stage(..., rows=block_m, ...) would put in the it-th slot this
         thread stages: the global loads of a block_m-row tile, issued ahead of time."""
+        # stage's loop body again, on purpose: folding the two into one device function left
+        # the PTX equivalent but changed ptxas's SASS for the default kernel (2 instructions,
+        # rescheduled), which was timed on the GPU as it is
         n = U(src.shape[1])
         for it in range(LOADS):
             idx = tid + U(it) * uNT
@@ -267,11 +270,6 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
 
 
 DQ_ARG = 8      # dq's position among the dK/dV kernel's arguments
-
-
-def _check_dq_aligned(args):
-    if not aligned(args[DQ_ARG]):
-        raise ValueError("vector_atomics needs dq with a 16-byte aligned data pointer and rows")
 
 
 @functools.lru_cache(maxsize=None)
@@ -399,8 +397,8 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         store_rows(dk, kvh, n0, nk, d, dk_acc, T(1.0), ty, tx)
         store_rows(dv, kvh, n0, nk, d, dv_acc, T(1.0), ty, tx)
 
-    return DynamicSharedKernel(dkdv_fa2, c["nbytes"],
-                               check=_check_dq_aligned if RED4 else None), (TX, TY)
+    check = require_aligned((DQ_ARG,), "vector_atomics needs dq")
+    return DynamicSharedKernel(dkdv_fa2, c["nbytes"], check=check if RED4 else None), (TX, TY)
 
 
 def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):

@@ -38,7 +38,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKerne
                      numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
-from .vector_io import VECTOR, AlignedDispatch, aligned, load4, store4
+from .vector_io import VECTOR, AlignedDispatch, load4, require_aligned, store4
 
 SM_SHARED_BYTES = 228 * 1024   # shared memory of one Hopper SM (H100, H200)
 
@@ -91,12 +91,6 @@ def default_blocks(head_dim, dtype):
         if shared_bytes(block_m, block_n, head_dim, item) <= DYNAMIC_SHARED_MEMORY_BYTES:
             return block_m, block_n
     raise ValueError(f"no tile fits head dim {head_dim}")
-
-
-def _check_aligned(args):
-    if not aligned(*args[:4]):
-        raise ValueError("fa2 forward with vector_loads needs q, k, v and out with 16-byte "
-                         "aligned data pointers and rows (d * itemsize a multiple of 16)")
 
 
 def vector_loads_by_default(head_dim, dtype):
@@ -388,6 +382,6 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                 if tx == U(0):
                     lse[bh, i] = m[a] + math.log(l_i) if l_i > T(0.0) else T(NEG_INF)
 
-    launcher = DynamicSharedKernel(forward_fa2, item * total,
-                                   check=_check_aligned if VEC else None)
+    check = require_aligned(range(4), "fa2 forward with vector_loads needs q, k, v and out")
+    launcher = DynamicSharedKernel(forward_fa2, item * total, check=check if VEC else None)
     return launcher, (TX, TY)

@@ -34,6 +34,18 @@ def aligned(*arrays):
     return True
 
 
+def require_aligned(positions, what):
+    """A launch check (common.DynamicSharedKernel's `check`) that raises ValueError unless the
+    arguments at `positions` pass `aligned`; `what` names the kernel option and the arrays."""
+    positions = tuple(positions)
+
+    def check(args):
+        if not aligned(*(args[i] for i in positions)):
+            raise ValueError(f"{what} with 16-byte aligned data pointers and rows (d * itemsize "
+                             f"a multiple of 16)")
+    return check
+
+
 class AlignedDispatch:
     """A launcher, launcher[grid, block](*args), that runs `vector` (a kernel using these
     accesses) when the arguments at `positions` pass `aligned`, else `scalar` (the same kernel

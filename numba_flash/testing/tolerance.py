@@ -208,15 +208,15 @@ def _gradient_terms(dout, q, k, v, causal, scale, kv_heads=None):
     seen = p_max > 0                                 # rows with a visible key
     lse = m[seen] - np.log(p_max[seen])
     p_err = S_ROUNDING_ULPS * eps * float(np.abs(lse).max(initial=0.0))
-    # dP_ij and D_i each off by D_ROUNDING_ULPS units of their size: dS_ij by that of
-    # P_ij (|dP_ij| + |D_i|), which is not small when dP_ij - D_i cancels
-    # the logits' rounding (forward docstring): S_ij off by up to s_err moves P_ij by up to
-    # 2 s_err relative (its own and its row's lse), and D_i with it
+    # dS_ij's inputs, dP_ij and D_i: each off by D_ROUNDING_ULPS units of roundoff, and by
+    # 2 s_err relative through P (the logits' rounding: S_ij and its row's lse), at the size of
+    # P_ij (|dP_ij| + |D_i|), which is not small where dP_ij - D_i cancels
     s_err = logit_rounding(q, k, scale)
-    ds_err = tuple((D_ROUNDING_ULPS * eps + 2 * s_err) * t
-                   for t in dq_dk_sizes(P * (np.abs(dP) + np.abs(D))))
-    extras = tuple(p_err * t for t in terms)        # P = exp(S - lse) off by p_err relative
-    extras = (extras[0] + ds_err[0], extras[1] + ds_err[1], extras[2] + 2 * s_err * terms[2])
+    ds_err = D_ROUNDING_ULPS * eps + 2 * s_err
+    dq_ds, dk_ds = dq_dk_sizes(P * (np.abs(dP) + np.abs(D)))
+    # and every gradient: P = exp(S - lse) off by p_err relative (dv: and by 2 s_err)
+    extras = (p_err * terms[0] + ds_err * dq_ds, p_err * terms[1] + ds_err * dk_ds,
+              (p_err + 2 * s_err) * terms[2])
     return terms, extras
 
 

@@ -1,7 +1,8 @@
-"""16-byte global accesses (kernels/vector_io.py): the fa2 forward's vector_loads (Q, K, V
-loads and the O store) give the scalar path's bits; fa2-atomic's vector_atomics add the same
-dQ; the default takes the vector path only for aligned arrays; clear errors where it cannot
-run."""
+"""The kernels' opt-in options, each the same arithmetic as the default path: 16-byte global
+accesses (kernels/vector_io.py): the fa2 forward's vector_loads (Q, K, V loads and the O store)
+give the scalar path's bits, fa2-atomic's vector_atomics add the same dQ, the default takes the
+vector path only for aligned arrays; the dK/dV kernel's prefetch of the next Q and dO tiles gives
+the same bits; clear errors where an option cannot run."""
 
 import numpy as np
 import pytest
@@ -89,8 +90,10 @@ def test_by_default_aligned_arrays_take_the_vector_path_and_misaligned_the_scala
                                            outs[0][1].reshape(q.shape[:-1])))
 
 
-def run_atomic_backward(case, vector_atomics, dq=None):
-    q, k, v, dout = case.inputs(np.float32)
+def run_fa2_backward(case, dtype=np.float32, dq=None, block_m=16, block_n=16, **options):
+    """(dout, q, k, v), [dq, dk, dv] from backward_fa2.run_backward with `options`
+    (dq_atomic, vector_atomics, prefetch), out and lse from the default forward."""
+    q, k, v, dout = case.inputs(dtype)
     out, lse = flash_attention_forward(q, k, v, causal=case.causal)
     d = q.shape[-1]
     q3, k3, v3, dout3, out3 = (x.reshape(-1, x.shape[2], d) for x in (q, k, v, dout, out))
@@ -98,16 +101,15 @@ def run_atomic_backward(case, vector_atomics, dq=None):
     dk, dv = np.zeros_like(k3), np.zeros_like(v3)
     backward_fa2.run_backward(dout3, q3, k3, v3, lse.reshape(q3.shape[:2]), out3, dq, dk, dv,
                               scale=d ** -0.5, heads=case.H, group=case.H // case.Hk,
-                              causal=case.causal, block_m=16, block_n=16, dq_atomic=True,
-                              vector_atomics=vector_atomics)
+                              causal=case.causal, block_m=block_m, block_n=block_n, **options)
     return (dout, q, k, v), [x.reshape(y.shape) for x, y in ((dq, q), (dk, k), (dv, v))]
 
 
 def test_vector_atomics_add_the_same_dq():
     # several K/V blocks add into each dQ row; d below the padding; GQA
     case = Case("vector atomics", 1, 2, 1, 20, 37, 12, causal=True)
-    inputs, vec = run_atomic_backward(case, True)
-    _, scalar = run_atomic_backward(case, False)
+    inputs, vec = run_fa2_backward(case, dq_atomic=True, vector_atomics=True)
+    _, scalar = run_fa2_backward(case, dq_atomic=True, vector_atomics=False)
     assert all(c.ok for c in check_backward(*inputs, *vec, causal=True))
     np.testing.assert_array_equal(vec[1], scalar[1])    # dk and dv: no atomics, same bits
     np.testing.assert_array_equal(vec[2], scalar[2])
@@ -123,10 +125,11 @@ def test_vector_atomics_need_float32_d_a_multiple_of_4_and_an_aligned_dq():
                                       vector_atomics=True)
     case = Case("misaligned dq", 1, 1, 1, 5, 7, 8)
     with pytest.raises(ValueError, match="16-byte aligned"):
-        run_atomic_backward(case, True, dq=misaligned_copy(np.zeros((1, 5, 8), np.float32)))
+        run_fa2_backward(case, dq=misaligned_copy(np.zeros((1, 5, 8), np.float32)),
+                         dq_atomic=True, vector_atomics=True)
     # the default falls back to scalar atomics for it
-    inputs, grads = run_atomic_backward(case, None,
-                                        dq=misaligned_copy(np.zeros((1, 5, 8), np.float32)))
+    inputs, grads = run_fa2_backward(case, dq=misaligned_copy(np.zeros((1, 5, 8), np.float32)),
+                                     dq_atomic=True, vector_atomics=None)
     assert all(c.ok for c in check_backward(*inputs, *grads))
 
 
@@ -142,9 +145,34 @@ def test_gpu_vector_loads_give_the_scalar_bits():
 @pytest.mark.gpu
 def test_gpu_vector_atomics_add_the_same_dq():
     case = Case("vector atomics, real size", 1, 4, 2, 700, 1030, 64, causal=True)
-    inputs, vec = run_atomic_backward(case, True)
-    _, scalar = run_atomic_backward(case, False)
+    inputs, vec = run_fa2_backward(case, dq_atomic=True, vector_atomics=True)
+    _, scalar = run_fa2_backward(case, dq_atomic=True, vector_atomics=False)
     assert all(c.ok for c in check_backward(*inputs, *vec, causal=True))
     np.testing.assert_array_equal(vec[1], scalar[1])
     np.testing.assert_array_equal(vec[2], scalar[2])
     np.testing.assert_allclose(vec[0], scalar[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("dq_atomic", [False, True])
+def test_prefetch_gives_the_same_bits(dtype, dq_atomic):
+    # several Q tiles per head (the prefetch runs), a partial last one, two query heads per
+    # key head (a new head restarts without prefetch), causal (Q blocks skipped at the start)
+    case = Case("prefetch", 1, 2, 1, 21, 30, 12, causal=True)
+    inputs, got = run_fa2_backward(case, dtype, block_m=8, dq_atomic=dq_atomic, prefetch=True)
+    _, ref = run_fa2_backward(case, dtype, block_m=8, dq_atomic=dq_atomic, prefetch=False)
+    assert all(c.ok for c in check_backward(*inputs, *got, causal=True))
+    exact = 1 if dq_atomic else 0                  # dq by atomics: sums in another order
+    for g, r in zip(got[exact:], ref[exact:]):
+        np.testing.assert_array_equal(g, r)
+    np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_gpu_prefetch_gives_the_same_bits():
+    case = Case("prefetch, real size", 1, 4, 2, 700, 1030, 64, causal=True)
+    inputs, got = run_fa2_backward(case, block_m=64, block_n=128, prefetch=True)
+    _, ref = run_fa2_backward(case, block_m=64, block_n=128, prefetch=False)
+    assert all(c.ok for c in check_backward(*inputs, *got, causal=True))
+    for g, r in zip(got, ref):
+        np.testing.assert_array_equal(g, r)
