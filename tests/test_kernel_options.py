@@ -176,3 +176,39 @@ def test_gpu_prefetch_gives_the_same_bits():
     assert all(c.ok for c in check_backward(*inputs, *got, causal=True))
     for g, r in zip(got, ref):
         np.testing.assert_array_equal(g, r)
+
+
+@pytest.mark.parametrize("dq_atomic", [False, True])
+def test_tensor_cores_agree_with_truth_and_the_ffma_products(dq_atomic):
+    # several Q tiles and K/V blocks, partial last ones, d below its padding, GQA, causal; two
+    # warps per block, so fragments come from rows other warps wrote
+    case = Case("tensor cores", 1, 2, 1, 21, 37, 12, causal=True)
+    inputs, got = run_fa2_backward(case, dq_atomic=dq_atomic, tensor_cores=True)
+    _, ref = run_fa2_backward(case, dq_atomic=dq_atomic)
+    assert all(c.ok for c in check_backward(*inputs, *got, causal=True))
+    for g, r in zip(got, ref):                      # the same sums, split and reordered
+        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_tensor_cores_need_float32_and_whole_warps():
+    with pytest.raises(ValueError, match="float32"):
+        backward_fa2.make_dkdv_kernel(16, 16, 12, False, np.float64, dq_atomic=True,
+                                      tensor_cores=True)
+    with pytest.raises(ValueError, match="whole warps"):
+        backward_fa2.make_dkdv_kernel(16, 16, 12, False, np.float32, threads=(4, 4),
+                                      tensor_cores=True)
+    with pytest.raises(ValueError, match="multiple of 16"):
+        backward_fa2.make_dkdv_kernel(8, 8, 12, False, np.float32, threads=(8, 4),
+                                      tensor_cores=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d, block_n", [(64, 128), (128, 64), (59, 128)])
+def test_gpu_tensor_cores_agree_with_truth(d, block_n):
+    case = Case("tensor cores, real size", 1, 4, 2, 700, 1030, d, causal=d != 64)
+    inputs, got = run_fa2_backward(case, block_m=64, block_n=block_n, dq_atomic=True,
+                                   tensor_cores=True)
+    _, ref = run_fa2_backward(case, block_m=64, block_n=block_n, dq_atomic=True)
+    assert all(c.ok for c in check_backward(*inputs, *got, causal=case.causal))
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)

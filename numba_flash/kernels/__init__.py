@@ -69,5 +69,10 @@ register_backward("fa2", backward_fa2.run_backward, backward_fa2.default_blocks)
 # its GPU runs on 2026-11-29 (README, Numbers); deterministic=True runs fa2 instead
 register_backward("fa2-atomic", functools.partial(backward_fa2.run_backward, dq_atomic=True),
                   backward_fa2.default_blocks_atomic, when_deterministic="fa2")
+# fa2-atomic with its accumulating products on tensor cores (3xTF32) where they can run
+# (float32); an experiment until timed on a GPU
+register_backward("fa2-tc", functools.partial(backward_fa2.run_backward, dq_atomic=True,
+                                              tensor_cores=None),
+                  backward_fa2.default_blocks_atomic, when_deterministic="fa2")
 
 DEFAULT_BACKWARD = "fa2-atomic"

@@ -38,6 +38,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKerne
                      numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
+from .fa2_mma import WARP, mma_products
 from .vector_io import VECTOR, AlignedDispatch, add4, require_aligned
 
 
@@ -239,7 +240,7 @@ def _recompute_p(T, causal):
 
 
 def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False,
-                     vector_atomics=None, prefetch=False):
+                     vector_atomics=None, prefetch=False, tensor_cores=False):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group). With dq_atomic the kernel also
     adds scale dS K into dq (which must hold zeros) with atomics, and no dQ kernel is needed:
@@ -255,14 +256,29 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     as forward_fa2 does with K and V (one block per SM leaves nothing else to hide the loads
     behind). An experiment for `numba-flash tune`, not yet timed on a GPU and off by default;
     off, the kernel is the same code as without the option (the new code is under `if
-    PREFETCH`)."""
+    PREFETCH`).
+    tensor_cores: the products that accumulate (dV += P^T dO, dK += dS^T Q and, with dq_atomic,
+    dQ += dS K) on tensor cores, float32-accurate by the 3xTF32 split (fa2_mma.py); S and dP
+    stay FFMA sums in the forward's order, so P is recomputed as before. float32 only, tiles
+    that split into 16 x 8 fragments over whole warps (True: else ValueError; None: where they
+    can, FFMA elsewhere); vector_atomics does not apply (dQ is added from the fragments). An
+    experiment, off by default (False)."""
     d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads, dq_atomic)
+    if tensor_cores or tensor_cores is None:
+        try:
+            _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic)
+            tensor_cores, vector_atomics = True, False
+        except ValueError:
+            if tensor_cores:
+                raise
+            tensor_cores = False
     possible = bool(dq_atomic) and np.dtype(dtype) == np.float32 and head_dim % VECTOR == 0
     if vector_atomics and not possible:
         raise ValueError(f"vector_atomics needs dq_atomic, float32 and d a multiple of {VECTOR}, "
                          f"got dq_atomic={dq_atomic}, {np.dtype(dtype)}, d={head_dim}")
     build = functools.partial(_dkdv, block_m, block_n, d_pad, d_const, bool(causal),
-                              np.dtype(dtype), threads, bool(dq_atomic), prefetch=bool(prefetch))
+                              np.dtype(dtype), threads, bool(dq_atomic), prefetch=bool(prefetch),
+                              tensor_cores=bool(tensor_cores))
     if vector_atomics is None and possible:
         (vector, threads_per_block), (scalar, _) = build(True), build(False)
         return AlignedDispatch(vector, scalar, positions=(DQ_ARG,)), threads_per_block
@@ -272,9 +288,32 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
 DQ_ARG = 8      # dq's position among the dK/dV kernel's arguments
 
 
+def _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic):
+    """ValueError unless the dK/dV kernel's tiles can go through fa2_mma: float32, whole warps,
+    and the dK/dV (block_n x d_pad) and dQ (block_m x d_pad) tiles in 16 x 8 fragments."""
+    if np.dtype(dtype) != np.float32:
+        raise ValueError(f"tensor_cores needs float32, got {np.dtype(dtype)}")
+    ty, tx = threads
+    if (ty * tx) % WARP:
+        raise ValueError(f"tensor_cores needs whole warps, got {ty} x {tx} threads")
+    if block_m % 8 or block_n % 8:
+        raise ValueError(f"tensor_cores needs block_m and block_n multiples of 8, got "
+                         f"{block_m} x {block_n}")
+    _tensor_core_products(block_m, block_n, d_pad, threads, dq_atomic)
+
+
+def _tensor_core_products(block_m, block_n, d_pad, threads, dq_atomic):
+    """fa2_mma device functions for dK and dV (block_n x d_pad) and dQ (block_m x d_pad)."""
+    warps = threads[0] * threads[1] // WARP
+    d_row = d_pad + PAD
+    kv = mma_products(block_n, d_pad, warps, block_m + PAD, d_row)
+    q = mma_products(block_m, d_pad, warps, block_n + PAD, d_row) if dq_atomic else None
+    return kv, q
+
+
 @functools.lru_cache(maxsize=None)
 def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, vector_atomics,
-          prefetch=False):
+          prefetch=False, tensor_cores=False):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
         block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2, dq_atomic)
     DQ_ATOMIC = dq_atomic
@@ -296,6 +335,16 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
     uWR, uBM, uBN, uTX, uTY, uNT = (U(x) for x in (c["W_ROW"], block_m, block_n, TX, TY, TX * TY))
     uPT, udST, udS = uW, uW + U(block_n * c["W_ROW"]), o["ds"]
     uRUN = U(CHUNK * TX)
+    TC = tensor_cores
+    FK = FQ = (1, 1, 1)                                # fragment arrays (tensor cores only)
+    if TC:
+        mma_kv, mma_q = _tensor_core_products(block_m, block_n, c["D_PAD"], threads, dq_atomic)
+        assert c["W_ROW"] == block_m + PAD
+        FK = mma_kv["shape"]
+        FQ = mma_q["shape"] if DQ_ATOMIC else FK
+        acc_kv, store_kv, clear_kv = mma_kv["accumulate"], mma_kv["store"], mma_kv["clear"]
+        if DQ_ATOMIC:
+            acc_q, add_q, clear_q = mma_q["accumulate"], mma_q["add"], mma_q["clear"]
 
     @cuda.jit
     def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -316,10 +365,18 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         dq_acc = cuda.local.array((TQ if DQ_ATOMIC else 1, TD), T)
         q_next = cuda.local.array(NEXT, T)            # this thread's share of the next Q tile
         do_next = cuda.local.array(NEXT, T)           # and of the next dO tile
-        for a in range(TA):
-            for cc in range(TD):
-                dk_acc[a, cc] = T(0.0)
-                dv_acc[a, cc] = T(0.0)
+        dk_frag = cuda.local.array(FK, T)             # tensor cores: the warp's fragments
+        dv_frag = cuda.local.array(FK, T)
+        dq_frag = cuda.local.array(FQ, T)
+        warp, lane = tid // U(WARP), tid % U(WARP)
+        if TC:
+            clear_kv(dk_frag)
+            clear_kv(dv_frag)
+        else:
+            for a in range(TA):
+                for cc in range(TD):
+                    dk_acc[a, cc] = T(0.0)
+                    dv_acc[a, cc] = T(0.0)
 
         stage(sm, uK, k, kvh, n0, uBN, tid, d, T(1.0))
         stage(sm, uV, v, kvh, n0, uBN, tid, d, T(1.0))
@@ -359,43 +416,57 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
                         sm[udST + jl * uWR + il] = ds
                         if DQ_ATOMIC:
                             sm[udS + il * uSR + jl] = ds
-                warp_barrier()
-                accumulate(sm, uPT, udO, uBM, dv_acc, ty, tx)    # dV += P^T dO
-                accumulate(sm, udST, uQ, uBM, dk_acc, ty, tx)    # dK += dS^T (scale Q)
-                if DQ_ATOMIC:
-                    # dS rows i come from every warp: a block barrier, then dQ_i += dS_i K
-                    # for this K/V block only, added into dq (zeroed by the preprocess kernel)
+                if TC:
+                    # a warp's fragments take rows of P^T, dS^T (and dS) from other warps
                     cuda.syncthreads()
-                    for a in range(TQ):
-                        for cc in range(TD):
-                            dq_acc[a, cc] = T(0.0)
-                    accumulate_dq(sm, udS, uK, uBN, dq_acc, ty, tx)
-                    for a in range(TQ):
-                        i = m0 + ty + U(a) * uTY
-                        if i < nq:
-                            for e in range(TE):
-                                if RED4:               # the run of CHUNK == VECTOR columns
-                                    col = U(e) * uRUN + tx * U(CHUNK)
-                                    if col < d:
-                                        add4(dq, bh, i, col,
-                                             (dq_acc[a, e * CHUNK] * scale,
-                                              dq_acc[a, e * CHUNK + 1] * scale,
-                                              dq_acc[a, e * CHUNK + 2] * scale,
-                                              dq_acc[a, e * CHUNK + 3] * scale))
-                                    continue
-                                for cc in range(CHUNK):
-                                    col = U(e) * uRUN + tx * U(CHUNK) + U(cc)
-                                    if col < d:
-                                        cuda.atomic.add(dq, (bh, i, col),
-                                                        dq_acc[a, e * CHUNK + cc] * scale)
+                    acc_kv(sm, uPT, udO, uBM, dv_frag, warp, lane)     # dV += P^T dO
+                    acc_kv(sm, udST, uQ, uBM, dk_frag, warp, lane)     # dK += dS^T (scale Q)
+                    if DQ_ATOMIC:
+                        clear_q(dq_frag)
+                        acc_q(sm, udS, uK, uBN, dq_frag, warp, lane)   # dQ_i += dS_i K
+                        add_q(dq, bh, m0, nq, d, dq_frag, scale, warp, lane)
+                else:
+                    warp_barrier()
+                    accumulate(sm, uPT, udO, uBM, dv_acc, ty, tx)    # dV += P^T dO
+                    accumulate(sm, udST, uQ, uBM, dk_acc, ty, tx)    # dK += dS^T (scale Q)
+                    if DQ_ATOMIC:
+                        # dS rows i come from every warp: a block barrier, then dQ_i += dS_i K
+                        # for this K/V block only, added into dq (zeroed by the preprocess kernel)
+                        cuda.syncthreads()
+                        for a in range(TQ):
+                            for cc in range(TD):
+                                dq_acc[a, cc] = T(0.0)
+                        accumulate_dq(sm, udS, uK, uBN, dq_acc, ty, tx)
+                        for a in range(TQ):
+                            i = m0 + ty + U(a) * uTY
+                            if i < nq:
+                                for e in range(TE):
+                                    if RED4:               # the run of CHUNK == VECTOR columns
+                                        col = U(e) * uRUN + tx * U(CHUNK)
+                                        if col < d:
+                                            add4(dq, bh, i, col,
+                                                 (dq_acc[a, e * CHUNK] * scale,
+                                                  dq_acc[a, e * CHUNK + 1] * scale,
+                                                  dq_acc[a, e * CHUNK + 2] * scale,
+                                                  dq_acc[a, e * CHUNK + 3] * scale))
+                                        continue
+                                    for cc in range(CHUNK):
+                                        col = U(e) * uRUN + tx * U(CHUNK) + U(cc)
+                                        if col < d:
+                                            cuda.atomic.add(dq, (bh, i, col),
+                                                            dq_acc[a, e * CHUNK + cc] * scale)
                 cuda.syncthreads()                     # every warp is done with Q and dO
                 if PREFETCH and m1 < nq:
                     put(sm, uQ, q_next, tid)
                     put(sm, udO, do_next, tid)
                 m0 += uBM
 
-        store_rows(dk, kvh, n0, nk, d, dk_acc, T(1.0), ty, tx)
-        store_rows(dv, kvh, n0, nk, d, dv_acc, T(1.0), ty, tx)
+        if TC:
+            store_kv(dk, kvh, n0, nk, d, dk_frag, T(1.0), warp, lane)
+            store_kv(dv, kvh, n0, nk, d, dv_frag, T(1.0), warp, lane)
+        else:
+            store_rows(dk, kvh, n0, nk, d, dk_acc, T(1.0), ty, tx)
+            store_rows(dv, kvh, n0, nk, d, dv_acc, T(1.0), ty, tx)
 
     check = require_aligned((DQ_ARG,), "vector_atomics needs dq")
     return DynamicSharedKernel(dkdv_fa2, c["nbytes"], check=check if RED4 else None), (TX, TY)
@@ -474,12 +545,12 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None,
-                 prefetch=False):
+                 prefetch=False, tensor_cores=False):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
     backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
     "fa2-atomic" variant, which the API replaces by "fa2" when deterministic=True);
-    vector_atomics (with dq_atomic only), prefetch: see make_dkdv_kernel."""
+    vector_atomics (with dq_atomic only), prefetch, tensor_cores: see make_dkdv_kernel."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -490,7 +561,7 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     pre, tpb = make_preprocess_kernel(d, dtype, clear=atomic)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic,
-                                 vector_atomics if atomic else False, prefetch)
+                                 vector_atomics if atomic else False, prefetch, tensor_cores)
     dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq, scale, heads,
                                             group)
     if not atomic:

@@ -1,0 +1,153 @@
+"""Tile products on tensor cores for the fa2 kernels: a block's R x C accumulator tile spread
+over its warps in mma fragments (mma.py), each product float32-accurate by the 3xTF32 split.
+
+    accumulate(sm, w_off, x_off, length, acc, warp, lane)
+        acc += W[rows, 0:length] X[0:length, cols]        (dV += P^T dO, dK += dS^T Q, dQ += dS K)
+
+W and X live in one shared array, both row-major, W rows W_ROW apart, X rows X_ROW apart. Warp
+`warp` owns MT x NT fragments: row tiles of 16 starting at (warp // WN) * 16 * MT, column tiles of
+8 starting at (warp % WN) * 8 * NT; acc is its (MT, NT, 4) local array, acc[mt, nt, e] holding
+row row(mt, e), column col(nt, e) (see `position`). length % 8 == 0.
+
+Accuracy: each 8-long step of the contraction is summed on the tensor core from zero, as
+A_big B_big + A_big B_small + A_small B_big (mma.split_tf32), and only then added into acc with a
+float32 add. Chaining the mma's accumulator across steps instead lets the tensor core's
+truncating additions pile up: on an H200 (2026-11-29, .gpu/mma_probe.py, 16 x 8 outputs, 20
+draws each of normal, all-positive, one-dominant-term and offset inputs) the largest error was
+0.9-4.3 units of roundoff of sum |a b| per step from zero, 6.5-28 chained, 0.6-3.5 for NumPy's
+float32 matmul, and 1,600-3,600 for one plain TF32 product.
+
+On the simulator (no warp-wide mma) each lane computes its own fragment entries from shared
+memory with the same split and the same per-step sums (in NumPy's order, not the tensor core's),
+so the kernels' indexing is checked there; the tensor core's rounding only on a GPU.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from .common import SIMULATOR, U
+from .fa2_tiles import DEVICE
+from .mma import round_tf32_host, split_tf32
+
+if not SIMULATOR:
+    from .mma import mma_tf32
+
+WARP = 32
+MMA_M, MMA_N, MMA_K = 16, 8, 8
+
+
+def warp_grid(rows, cols, warps):
+    """(WM, WN, MT, NT): warps arranged WM x WN over an R x C tile, each owning MT row tiles of
+    16 and NT column tiles of 8; ValueError when the tile does not split that way."""
+    if rows % MMA_M or cols % MMA_N:
+        raise ValueError(f"tensor-core tiles need rows a multiple of {MMA_M} and columns of "
+                         f"{MMA_N}, got {rows} x {cols}")
+    wm = warps
+    while wm > 1 and (rows // MMA_M) % wm:
+        wm //= 2
+    wn = warps // wm
+    if wm * wn != warps or (cols // MMA_N) % wn:
+        raise ValueError(f"{warps} warps do not split a {rows} x {cols} tile into 16 x 8 tiles")
+    return wm, wn, rows // (MMA_M * wm), cols // (MMA_N * wn)
+
+
+@cuda.jit(**DEVICE)
+def position(row0, col0, mt, nt, e, lane):
+    """(row, column) in the block's tile of fragment entry acc[mt, nt, e] of the warp whose
+    tiles start at row0, col0: rows g and g + 8, columns 2t and 2t + 1 of each 16 x 8 tile."""
+    g, t = lane // U(4), lane % U(4)
+    row = row0 + U(mt) * U(MMA_M) + g + (U(8) if e >= 2 else U(0))
+    col = col0 + U(nt) * U(MMA_N) + U(2) * t + (U(1) if e % 2 else U(0))
+    return row, col
+
+
+@functools.lru_cache(maxsize=None)
+def mma_products(rows, cols, warps, W_ROW, X_ROW):
+    """Device functions for a rows x cols accumulator tile over `warps` warps, as a dict:
+    accumulate (above), store and add (the warp's fragments into a global array, plainly or
+    with atomics), clear (zero them), and shape, the (MT, NT, 4) of each warp's local array."""
+    WM, WN, MT, NT = warp_grid(rows, cols, warps)
+    uWR, uXR, uWN, uMT, uNT = (U(x) for x in (W_ROW, X_ROW, WN, MT, NT))
+
+    @cuda.jit(**DEVICE)
+    def origin(warp):
+        return (warp // uWN) * uMT * U(MMA_M), (warp % uWN) * uNT * U(MMA_N)
+
+    if SIMULATOR:
+        # plain NumPy on the shared array (a Python array there): device-function calls per
+        # element made the simulated kernel ~20x slower
+        def split_host(x):
+            big = round_tf32_host(x)
+            return big, round_tf32_host(x - big)
+
+        @cuda.jit(**DEVICE)
+        def accumulate(sm, w_off, x_off, length, acc, warp, lane):
+            row0, col0 = origin(warp)
+            g, t = int(lane) // 4, int(lane) % 4
+            for k in range(0, int(length), MMA_K):
+                for mt in range(MT):
+                    for nt in range(NT):
+                        for e in range(4):
+                            r = int(row0) + mt * MMA_M + g + 8 * (e // 2)
+                            c = int(col0) + nt * MMA_N + 2 * t + e % 2
+                            w0 = int(w_off) + r * W_ROW + k
+                            x0 = int(x_off) + k * X_ROW + c
+                            wb, ws = split_host(sm[w0:w0 + MMA_K])
+                            xb, xs = split_host(sm[x0:x0 + MMA_K * X_ROW:X_ROW])
+                            acc[mt, nt, e] += np.sum(wb * xs + ws * xb + wb * xb,
+                                                     dtype=np.float32)
+    else:
+        zero = float32(0.0)
+
+        @cuda.jit(**DEVICE)
+        def accumulate(sm, w_off, x_off, length, acc, warp, lane):
+            row0, col0 = origin(warp)
+            g, t = lane // U(4), lane % U(4)
+            k = U(0)
+            while k < length:
+                for mt in range(MT):
+                    w_row = w_off + (row0 + U(mt) * U(MMA_M) + g) * uWR + k + t
+                    a0, s0 = split_tf32(sm[w_row])
+                    a1, s1 = split_tf32(sm[w_row + U(8) * uWR])
+                    a2, s2 = split_tf32(sm[w_row + U(4)])
+                    a3, s3 = split_tf32(sm[w_row + U(8) * uWR + U(4)])
+                    big, small = (a0, a1, a2, a3), (s0, s1, s2, s3)
+                    for nt in range(NT):
+                        x_col = x_off + (k + t) * uXR + col0 + U(nt) * U(MMA_N) + g
+                        b0, r0 = split_tf32(sm[x_col])
+                        b1, r1 = split_tf32(sm[x_col + U(4) * uXR])
+                        step = mma_tf32(small, (b0, b1), (zero, zero, zero, zero))
+                        step = mma_tf32(big, (r0, r1), step)
+                        step = mma_tf32(big, (b0, b1), step)
+                        for e in range(4):
+                            acc[mt, nt, e] += step[e]
+                k += U(MMA_K)
+
+    def writer(atomic):
+        @cuda.jit(**DEVICE)
+        def write(dst, head, row_base, n, d, acc, mult, warp, lane):
+            """dst[head, row_base + row, col] = (or +=, atomically) mult * acc[mt, nt, e] for the
+            warp's entries inside the array (row_base + row < n, col < d)."""
+            row0, col0 = origin(warp)
+            for mt in range(MT):
+                for nt in range(NT):
+                    for e in range(4):
+                        r, c = position(row0, col0, mt, nt, e, lane)
+                        if row_base + r < n and c < d:
+                            if atomic:
+                                cuda.atomic.add(dst, (head, row_base + r, c), acc[mt, nt, e] * mult)
+                            else:
+                                dst[head, row_base + r, c] = acc[mt, nt, e] * mult
+        return write
+
+    @cuda.jit(**DEVICE)
+    def clear(acc):
+        for mt in range(MT):
+            for nt in range(NT):
+                for e in range(4):
+                    acc[mt, nt, e] = float32(0.0)
+
+    return dict(accumulate=accumulate, store=writer(False), add=writer(True), clear=clear,
+                shape=(MT, NT, 4))

@@ -1,0 +1,100 @@
+"""Tensor-core products for Numba kernels: one warp's 16x8x8 TF32 matrix multiply-accumulate,
+and the split of a float32 into two TF32 parts that keeps float32 accuracy.
+
+mma_tf32(a, b, c) -> d: one `mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32` (PTX ISA 7.0,
+sm_80 and newer): D = A B + C for a 16x8 A, an 8x8 B and a 16x8 C spread over the 32 lanes of
+a warp. With g = lane // 4 and t = lane % 4, lane holds
+    a = (A[g, t], A[g + 8, t], A[g, t + 4], A[g + 8, t + 4])
+    b = (B[t, g], B[t + 4, g])
+    c, d = (C[g, 2t], C[g, 2t + 1], C[g + 8, 2t], C[g + 8, 2t + 1])
+(PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32). All 32 lanes must call it together.
+
+TF32 keeps 10 of float32's 23 mantissa bits, so one TF32 product is off by ~1e-3 relative.
+split_tf32(x) -> (big, small), with big = x rounded to TF32 (cvt.rna.tf32.f32) and small =
+(x - big) rounded to TF32: big + small is x to ~2^-22 relative, and
+    A B ~ A_big B_big + A_big B_small + A_small B_big
+(three products; A_small B_small is below float32's roundoff) is float32-accurate up to the
+tensor core's own accumulation ("3xTF32", as in CUTLASS). `round_tf32` is the first half.
+
+On the simulator a warp's lanes are Python threads that cannot see each other's registers,
+so there is no mma_tf32 there; kernels compute each lane's share of D directly instead
+(see the kernel using it). round_tf32 works there too (NumPy bit arithmetic, same rounding).
+"""
+
+import numpy as np
+from numba import cuda
+
+from .common import SIMULATOR
+
+# TF32 drops float32's low 13 mantissa bits; cvt.rna rounds to nearest, ties away from zero.
+TF32_DROPPED_BITS = 13
+
+
+def round_tf32_host(x):
+    """NumPy float32 array x rounded to TF32 as cvt.rna.tf32.f32 does (for tests and the
+    simulator): add half of the dropped part's weight to the magnitude, then clear it."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    half = np.uint32(1 << (TF32_DROPPED_BITS - 1))
+    mask = np.uint32(~((1 << TF32_DROPPED_BITS) - 1) & 0xFFFFFFFF)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    rounded = np.where(finite, (bits + half) & mask, bits)
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+if SIMULATOR:
+    @cuda.jit(device=True)
+    def round_tf32(x):
+        return np.float32(round_tf32_host(np.float32(x))[()])
+
+    @cuda.jit(device=True)
+    def split_tf32(x):
+        big = round_tf32(x)
+        return big, round_tf32(np.float32(x - big))
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def round_tf32(typingctx, x):
+        if x != types.float32:
+            return None
+        sig = types.float32(x)
+
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), [ir.FloatType()]),
+                               "cvt.rna.tf32.f32 $0, $1;", "=r,f")
+            return builder.bitcast(builder.call(asm, [args[0]]), ir.FloatType())
+
+        return sig, codegen
+
+    @cuda.jit(device=True)
+    def split_tf32(x):
+        big = round_tf32(x)
+        return big, round_tf32(x - big)
+
+    _MMA = ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+            "{$0, $1, $2, $3}, {$4, $5, $6, $7}, {$8, $9}, {$10, $11, $12, $13};")
+
+    def _float_tuple(x, n):
+        return isinstance(x, types.UniTuple) and x.count == n and x.dtype == types.float32
+
+    @intrinsic
+    def mma_tf32(typingctx, a, b, c):
+        if not (_float_tuple(a, 4) and _float_tuple(b, 2) and _float_tuple(c, 4)):
+            return None
+        sig = types.UniTuple(types.float32, 4)(a, b, c)
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([f32] * 4),
+                                               [i32] * 6 + [f32] * 4),
+                               _MMA, "=f,=f,=f,=f,r,r,r,r,r,r,f,f,f,f")
+            operands = [builder.bitcast(builder.extract_value(args[0], e), i32) for e in range(4)]
+            operands += [builder.bitcast(builder.extract_value(args[1], e), i32) for e in range(2)]
+            operands += [builder.extract_value(args[2], e) for e in range(4)]
+            result = builder.call(asm, operands)
+            return context.make_tuple(builder, sig.return_type,
+                                      [builder.extract_value(result, e) for e in range(4)])
+
+        return sig, codegen
