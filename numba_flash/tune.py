@@ -48,19 +48,19 @@ BACKWARD_CONFIGS = {
     ("fa2", 128): [(64, 64, (16, 16)), (64, 64, (8, 16)), (32, 64, (8, 16)), (64, 32, (8, 16)),
                    (32, 32, (8, 16)), (128, 64, (16, 16))],
     # fa2-atomic configurations may carry a fourth entry, vector_atomics (None: where possible),
-    # a fifth, prefetch of the next Q and dO tiles, and a sixth, tensor_cores (the accumulating
-    # products on tensor cores, 3xTF32; not yet timed, off by default)
-    ("fa2-atomic", 64): [(64, 128, (16, 16), False), (64, 128, (16, 16), True),
-                         (64, 128, (16, 16), True, True), (64, 64, (16, 16), True),
-                         (128, 64, (16, 16), True), (64, 128, (32, 8), True),
-                         (32, 64, (8, 16), True), (64, 128, (16, 16), None, False, True),
+    # a fifth, prefetch of the next Q and dO tiles (missing: run_backward's default, on in
+    # float32), and a sixth, tensor_cores (the accumulating products on tensor cores, 3xTF32)
+    ("fa2-atomic", 64): [(64, 128, (16, 16), False, True), (64, 128, (16, 16), True, False),
+                         (64, 128, (16, 16), True, True), (64, 64, (16, 16), True, True),
+                         (128, 64, (16, 16), True, True), (64, 128, (32, 8), True, True),
+                         (32, 64, (8, 16), True, True), (64, 128, (16, 16), None, False, True),
                          (64, 128, (16, 16), None, True, True),
-                         (64, 64, (16, 16), None, False, True)],
-    ("fa2-atomic", 128): [(64, 64, (16, 16), False), (64, 64, (16, 16), True),
-                          (64, 64, (16, 16), True, True), (32, 64, (8, 16), True),
-                          (64, 32, (16, 16), True), (64, 64, (16, 16), None, False, True),
+                         (64, 64, (16, 16), None, True, True)],
+    ("fa2-atomic", 128): [(64, 64, (16, 16), False, True), (64, 64, (16, 16), True, False),
+                          (64, 64, (16, 16), True, True), (32, 64, (8, 16), True, True),
+                          (64, 32, (16, 16), True, True), (64, 64, (16, 16), None, False, True),
                           (64, 64, (16, 16), None, True, True),
-                          (32, 64, (8, 16), None, False, True)],
+                          (32, 64, (8, 16), None, True, True)],
 }
 
 

@@ -168,6 +168,21 @@ def test_prefetch_gives_the_same_bits(dtype, dq_atomic):
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype, dq_atomic, expected", [(np.float32, True, True),
+                                                        (np.float32, False, False),
+                                                        (np.float64, True, False)])
+def test_prefetch_is_on_by_default_where_it_was_timed(monkeypatch, dtype, dq_atomic, expected):
+    seen = []
+    make = backward_fa2.make_dkdv_kernel
+
+    def recording(*args):
+        seen.append(args[8])                       # prefetch, as run_backward passes it
+        return make(*args)
+    monkeypatch.setattr(backward_fa2, "make_dkdv_kernel", recording)
+    run_fa2_backward(Case("default", 1, 1, 1, 5, 7, 8), dtype, dq_atomic=dq_atomic)
+    assert seen == [expected]
+
+
 @pytest.mark.gpu
 def test_gpu_prefetch_gives_the_same_bits():
     case = Case("prefetch, real size", 1, 4, 2, 700, 1030, 64, causal=True)

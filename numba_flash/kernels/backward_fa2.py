@@ -254,9 +254,8 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     is aligned (vector_io.AlignedDispatch), scalar atomics otherwise; False: scalar atomics.
     prefetch: load the next Q and dO tiles of a head into registers while this one is computed,
     as forward_fa2 does with K and V (one block per SM leaves nothing else to hide the loads
-    behind). An experiment for `numba-flash tune`, not yet timed on a GPU and off by default;
-    off, the kernel is the same code as without the option (the new code is under `if
-    PREFETCH`).
+    behind); run_backward turns it on where it was timed (prefetch_by_default). Off, the kernel
+    is the same code as without the option (the new code is under `if PREFETCH`).
     tensor_cores: the products that accumulate (dV += P^T dO, dK += dS^T Q and, with dq_atomic,
     dQ += dS K) on tensor cores, float32-accurate by the 3xTF32 split (fa2_mma.py); S and dP
     stay FFMA sums in the forward's order, so P is recomputed as before. float32 only, tiles
@@ -543,20 +542,32 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
     return DynamicSharedKernel(dq_fa2, c["nbytes"]), (TX, TY)
 
 
+def prefetch_by_default(dtype, dq_atomic):
+    """Whether run_backward prefetches when not told: float32 with dQ by atomics (fa2-atomic).
+    `numba-flash tune` on an H200 (2026-11-29, two runs, N = 1k and 2k, default tiles): d = 128
+    +4-8 % (N = 2k: 24.5 against 22.9 TFLOP/s, and 23.9 against 22.5), d = 64 -1 to +3 %
+    (N = 1k: 23.3 against 22.6; 2k: 25.4 against 25.1, and 25.3 against 25.4). The fa2 backward
+    and float64 were not timed with it."""
+    return np.dtype(dtype) == np.float32 and bool(dq_atomic)
+
+
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None,
-                 prefetch=False, tensor_cores=False):
+                 prefetch=None, tensor_cores=False):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
     backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
     "fa2-atomic" variant, which the API replaces by "fa2" when deterministic=True);
-    vector_atomics (with dq_atomic only), prefetch, tensor_cores: see make_dkdv_kernel."""
+    vector_atomics (with dq_atomic only), prefetch (None: prefetch_by_default), tensor_cores:
+    see make_dkdv_kernel."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
     dtype = q.dtype
     scale = numba_type(dtype)(scale)
     atomic = bool(dq_atomic)
+    if prefetch is None:
+        prefetch = prefetch_by_default(dtype, atomic)
     D = arrays.empty_device((bh, nq), dtype)
     pre, tpb = make_preprocess_kernel(d, dtype, clear=atomic)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)

@@ -10,7 +10,7 @@ a warp. With g = lane // 4 and t = lane % 4, lane holds
 (PTX ISA, "Matrix Fragments for mma.m16n8k8", .tf32). All 32 lanes must call it together.
 
 TF32 keeps 10 of float32's 23 mantissa bits, so one TF32 product is off by ~1e-3 relative.
-split_tf32(x) -> (big, small), with big = x rounded to TF32 (cvt.rna.tf32.f32) and small =
+split_tf32(x) -> (big, small), with big = x rounded to TF32 (as cvt.rna.tf32.f32) and small =
 (x - big) rounded to TF32: big + small is x to ~2^-22 relative, and
     A B ~ A_big B_big + A_big B_small + A_small B_big
 (three products; A_small B_small is below float32's roundoff) is float32-accurate up to the
@@ -55,6 +55,9 @@ else:
     from numba import types
     from numba.cuda.extending import intrinsic
 
+    # Two integer instructions (IADD, LOP3) where cvt.rna.tf32.f32 takes four on sm_90 (ptxas adds
+    # a test for inf/NaN): the same result for finite x; an infinite x comes out NaN (attention
+    # on an infinite input is NaN anyway).
     @intrinsic
     def round_tf32(typingctx, x):
         if x != types.float32:
@@ -62,9 +65,11 @@ else:
         sig = types.float32(x)
 
         def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), [ir.FloatType()]),
-                               "cvt.rna.tf32.f32 $0, $1;", "=r,f")
-            return builder.bitcast(builder.call(asm, [args[0]]), ir.FloatType())
+            i32 = ir.IntType(32)
+            bits = builder.bitcast(args[0], i32)
+            half = ir.Constant(i32, 1 << (TF32_DROPPED_BITS - 1))
+            mask = ir.Constant(i32, -(1 << TF32_DROPPED_BITS))
+            return builder.bitcast(builder.and_(builder.add(bits, half), mask), ir.FloatType())
 
         return sig, codegen
 
