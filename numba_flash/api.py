@@ -165,7 +165,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     kernels use no atomics (dQ has its own kernel), so they are reproducible either way; the
     default, "fa2-atomic", adds dQ up with atomics (its dq may differ in the last bits from
     call to call), and with deterministic=True the "fa2" kernel runs instead, with fa2's
-    default tiles unless block_m / block_n are given.
+    default tiles unless block_m / block_n are given; so does "fa2-tc" (fa2-atomic with its
+    accumulating products on tensor cores, an experiment).
     """
     p = _validate(q, k, v, scale)
     device = arrays.device_of(q)
