@@ -260,13 +260,14 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     dQ += dS K) on tensor cores, float32-accurate by the 3xTF32 split (fa2_mma.py); S and dP
     stay FFMA sums in the forward's order, so P is recomputed as before. float32 only, tiles
     that split into 16 x 8 fragments over whole warps (True: else ValueError; None: where they
-    can, FFMA elsewhere); vector_atomics does not apply (dQ is added from the fragments). An
-    experiment, off by default (False)."""
+    can, FFMA elsewhere). dQ is added from the fragments, which hold pairs of adjacent columns:
+    vector_atomics there means one red.global.add.v2.f32 per pair (vector_io.add2; same
+    conditions and alignment check as above). An experiment, off by default (False)."""
     d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads, dq_atomic)
     if tensor_cores or tensor_cores is None:
         try:
             _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic)
-            tensor_cores, vector_atomics = True, False
+            tensor_cores = True
         except ValueError:
             if tensor_cores:
                 raise
@@ -343,7 +344,8 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         FQ = mma_q["shape"] if DQ_ATOMIC else FK
         acc_kv, store_kv, clear_kv = mma_kv["accumulate"], mma_kv["store"], mma_kv["clear"]
         if DQ_ATOMIC:
-            acc_q, add_q, clear_q = mma_q["accumulate"], mma_q["add"], mma_q["clear"]
+            acc_q, clear_q = mma_q["accumulate"], mma_q["clear"]
+            add_q = mma_q["add_pairs"] if RED4 else mma_q["add"]
 
     @cuda.jit
     def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):

@@ -30,6 +30,7 @@ from numba import cuda, float32
 from .common import SIMULATOR, U
 from .fa2_tiles import DEVICE
 from .mma import round_tf32_host, split_tf32
+from .vector_io import add2
 
 if not SIMULATOR:
     from .mma import mma_tf32
@@ -66,8 +67,9 @@ def position(row0, col0, mt, nt, e, lane):
 @functools.lru_cache(maxsize=None)
 def mma_products(rows, cols, warps, W_ROW, X_ROW):
     """Device functions for a rows x cols accumulator tile over `warps` warps, as a dict:
-    accumulate (above), store and add (the warp's fragments into a global array, plainly or
-    with atomics), clear (zero them), and shape, the (MT, NT, 4) of each warp's local array."""
+    accumulate (above), store, add and add_pairs (the warp's fragments into a global array,
+    plainly, with scalar atomics or with one 8-byte vector atomic per pair of columns), clear
+    (zero them), and shape, the (MT, NT, 4) of each warp's local array."""
     WM, WN, MT, NT = warp_grid(rows, cols, warps)
     uWR, uXR, uWN, uMT, uNT = (U(x) for x in (W_ROW, X_ROW, WN, MT, NT))
 
@@ -108,16 +110,22 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
             k = U(0)
             while k < length:
                 for mt in range(MT):
-                    w_row = w_off + (row0 + U(mt) * U(MMA_M) + g) * uWR + k + t
+                    # the step's 8 contraction indices k + 2t, k + 2t + 1 fill the fragments'
+                    # slots t, t + 4 (any order is the same product if W and X agree on it):
+                    # X rows 2t apart put a warp's loads of one X row on 32 distinct banks for
+                    # the row strides used here (4 more than a multiple of 32; in the
+                    # fragments' order, k + t, they were 2-way conflicts: 22 % of the shared
+                    # wavefronts in ncu, d = 64), at the price of 2-way conflicts on W's fewer
+                    w_row = w_off + (row0 + U(mt) * U(MMA_M) + g) * uWR + k + U(2) * t
                     a0, s0 = split_tf32(sm[w_row])
                     a1, s1 = split_tf32(sm[w_row + U(8) * uWR])
-                    a2, s2 = split_tf32(sm[w_row + U(4)])
-                    a3, s3 = split_tf32(sm[w_row + U(8) * uWR + U(4)])
+                    a2, s2 = split_tf32(sm[w_row + U(1)])
+                    a3, s3 = split_tf32(sm[w_row + U(8) * uWR + U(1)])
                     big, small = (a0, a1, a2, a3), (s0, s1, s2, s3)
                     for nt in range(NT):
-                        x_col = x_off + (k + t) * uXR + col0 + U(nt) * U(MMA_N) + g
+                        x_col = x_off + (k + U(2) * t) * uXR + col0 + U(nt) * U(MMA_N) + g
                         b0, r0 = split_tf32(sm[x_col])
-                        b1, r1 = split_tf32(sm[x_col + U(4) * uXR])
+                        b1, r1 = split_tf32(sm[x_col + uXR])
                         step = mma_tf32(small, (b0, b1), (zero, zero, zero, zero))
                         step = mma_tf32(big, (r0, r1), step)
                         step = mma_tf32(big, (b0, b1), step)
@@ -125,18 +133,24 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
                             acc[mt, nt, e] += step[e]
                 k += U(MMA_K)
 
-    def writer(atomic):
+    def writer(atomic, pairs=False):
         @cuda.jit(**DEVICE)
         def write(dst, head, row_base, n, d, acc, mult, warp, lane):
             """dst[head, row_base + row, col] = (or +=, atomically) mult * acc[mt, nt, e] for the
-            warp's entries inside the array (row_base + row < n, col < d)."""
+            warp's entries inside the array (row_base + row < n, col < d); with pairs, the
+            atomic adds of the two adjacent columns a lane holds (e, e + 1) as one vector add
+            (vector_io.add2: dst's rows 8-byte aligned)."""
             row0, col0 = origin(warp)
             for mt in range(MT):
                 for nt in range(NT):
                     for e in range(4):
                         r, c = position(row0, col0, mt, nt, e, lane)
                         if row_base + r < n and c < d:
-                            if atomic:
+                            if pairs:
+                                if e % 2 == 0:
+                                    add2(dst, head, row_base + r, c,
+                                         (acc[mt, nt, e] * mult, acc[mt, nt, e + 1] * mult))
+                            elif atomic:
                                 cuda.atomic.add(dst, (head, row_base + r, c), acc[mt, nt, e] * mult)
                             else:
                                 dst[head, row_base + r, c] = acc[mt, nt, e] * mult
@@ -149,5 +163,5 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
                 for e in range(4):
                     acc[mt, nt, e] = float32(0.0)
 
-    return dict(accumulate=accumulate, store=writer(False), add=writer(True), clear=clear,
-                shape=(MT, NT, 4))
+    return dict(accumulate=accumulate, store=writer(False), add=writer(True),
+                add_pairs=writer(True, pairs=True), clear=clear, shape=(MT, NT, 4))

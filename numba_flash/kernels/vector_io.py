@@ -5,6 +5,8 @@ in float32; two ld.global.v2.f64 in float64).
 store4(dst, head, row, col, x) writes the 4-tuple x there (st.global.v4.f32).
 add4(dst, head, row, col, x) adds x there atomically, one red.global.add.v4.f32 (float32 only;
 sm_90 and newer): dst[..., col + e] += x[e], each element its own atomic add.
+add2(dst, head, row, col, x) the same for a pair, dst[head, row, col : col + 2] (red.global.add.v2.f32;
+col even), for tensor-core fragments, which hold pairs of adjacent columns.
 
 Numba emits one scalar access per element and cannot vectorize them itself: it does not know
 that the address is 16-byte aligned. Here the caller promises it: the array's data pointer and
@@ -78,6 +80,11 @@ if SIMULATOR:
     def add4(dst, head, row, col, x):
         for e in range(VECTOR):
             cuda.atomic.add(dst, (head, row, col + e), x[e])
+
+    @cuda.jit(device=True)
+    def add2(dst, head, row, col, x):
+        cuda.atomic.add(dst, (head, row, col), x[0])
+        cuda.atomic.add(dst, (head, row, col + 1), x[1])
 else:
     from llvmlite import ir
     from numba import types
@@ -138,22 +145,31 @@ else:
     # PTX ISA 8.1, sm_90: vector reductions exist for global memory only, hence the conversion
     # of the generic address Numba holds into a global one. Like the scalar float atomic add
     # (cuda.atomic.add), it flushes subnormals to zero (REDG.E.ADD.F32x4.FTZ.RN in the SASS).
-    _RED_V4_F32 = ("{ .reg .u64 g; cvta.to.global.u64 g, $0; "
-                   "red.global.add.v4.f32 [g], {$1, $2, $3, $4}; }")
+    def _red_add(width):
+        """An intrinsic adding a float32 width-tuple at dst[head, row, col:col + width] with one
+        red.global.add.v{width}.f32 (the address's alignment is the caller's promise)."""
+        regs = ", ".join(f"${e + 1}" for e in range(width))
+        asm_text = ("{ .reg .u64 g; cvta.to.global.u64 g, $0; "
+                    f"red.global.add.v{width}.f32 [g], {{{regs}}}; }}")
 
-    @intrinsic
-    def add4(typingctx, dst, head, row, col, x):
-        if not (_array3(dst) and dst.dtype == types.float32 and _tuple_of(x, types.float32)):
-            return None
-        sig = types.void(dst, head, row, col, x)
+        @intrinsic
+        def red_add(typingctx, dst, head, row, col, x):
+            if not (_array3(dst) and dst.dtype == types.float32 and isinstance(x, types.UniTuple)
+                    and x.count == width and x.dtype == types.float32):
+                return None
+            sig = types.void(dst, head, row, col, x)
 
-        def codegen(context, builder, sig, args):
-            f32 = ir.FloatType()
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [f32] * VECTOR),
-                               _RED_V4_F32, "l,f,f,f,f,~{memory}", side_effect=True)
-            address = builder.ptrtoint(_first(context, builder, sig, args), ir.IntType(64))
-            builder.call(asm, [address] + [builder.extract_value(args[4], e)
-                                           for e in range(VECTOR)])
-            return context.get_dummy_value()
+            def codegen(context, builder, sig, args):
+                f32 = ir.FloatType()
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [f32] * width),
+                                   asm_text, "l" + ",f" * width + ",~{memory}", side_effect=True)
+                address = builder.ptrtoint(_first(context, builder, sig, args), ir.IntType(64))
+                builder.call(asm, [address] + [builder.extract_value(args[4], e)
+                                               for e in range(width)])
+                return context.get_dummy_value()
 
-        return sig, codegen
+            return sig, codegen
+        return red_add
+
+    add4 = _red_add(VECTOR)
+    add2 = _red_add(2)
