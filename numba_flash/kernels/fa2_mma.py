@@ -12,7 +12,7 @@ row row(mt, e), column col(nt, e) (see `position`). length % 8 == 0.
 Accuracy: each 8-long step of the contraction is summed on the tensor core from zero, as
 A_big B_big + A_big B_small + A_small B_big (mma.split_tf32), and only then added into acc with a
 float32 add. Chaining the mma's accumulator across steps instead lets the tensor core's
-truncating additions pile up: on an H200 (2026-11-29, .gpu/mma_probe.py, 16 x 8 outputs, 20
+truncating additions pile up: on an H200 (2026-11-29, tests/mma_probe.py, 16 x 8 outputs, 20
 draws each of normal, all-positive, one-dominant-term and offset inputs) the largest error was
 0.9-4.3 units of roundoff of sum |a b| per step from zero, 6.5-28 chained, 0.6-3.5 for NumPy's
 float32 matmul, and 1,600-3,600 for one plain TF32 product.
