@@ -219,3 +219,25 @@ def test_memory_and_flops():
     n = ref.hbm_crossover(128, 1000)                       # M < 2 d^2: it stops paying
     assert n is not None and ref.hbm_accesses_flash(n, 128, 1000) > ref.hbm_accesses_standard(n, 128)
     assert abs(ref.recompute_flop_ratio()["flash"] - 7 / 6) < 1e-15
+
+
+@pytest.mark.parametrize("regime", ["normal", "positive", "dominant"])
+def test_3xtf32_products_keep_float32_accuracy(regime):
+    # error in units of roundoff of sum |a b|: 3xTF32 within a few, like NumPy's float32
+    # matmul; one plain TF32 product (inputs rounded once) a thousand times that
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((16, 128)), rng.standard_normal((128, 8))
+    if regime == "positive":
+        a, b = np.abs(a), np.abs(b)
+    if regime == "dominant":
+        a[:, 3], b[3, :] = 1e3, 1.0
+    a, b = a.astype(np.float32), b.astype(np.float32)
+    truth = a.astype(np.float64) @ b
+    units = (np.abs(a.astype(np.float64)) @ np.abs(b)) * 2.0 ** -24
+
+    def err(c):
+        return (np.abs(c - truth) / units).max()
+    assert err(ref.matmul_3xtf32(a, b)) < 5
+    assert err(ref.round_tf32(a).astype(np.float64) @ ref.round_tf32(b)) > 100
+    big, small = ref.split_tf32(a)
+    assert np.all(np.abs(big.astype(np.float64) + small - a) <= np.abs(a) * 2.0 ** -22)

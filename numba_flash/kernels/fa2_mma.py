@@ -18,18 +18,20 @@ draws each of normal, all-positive, one-dominant-term and offset inputs) the lar
 float32 matmul, and 1,600-3,600 for one plain TF32 product.
 
 On the simulator (no warp-wide mma) each lane computes its own fragment entries from shared
-memory with the same split and the same per-step sums (in NumPy's order, not the tensor core's),
-so the kernels' indexing is checked there; the tensor core's rounding only on a GPU.
+memory with the NumPy model of a step (reference.precision.step_3xtf32: the same split, each
+step's sum rounded once), so the kernels' indexing is checked there; the tensor core's own
+rounding only on a GPU.
 """
 
 import functools
 
-import numpy as np
 from numba import cuda, float32
+
+from reference.precision import step_3xtf32
 
 from .common import SIMULATOR, U
 from .fa2_tiles import DEVICE
-from .mma import round_tf32_host, split_tf32
+from .mma import split_tf32
 from .vector_io import add2
 
 if not SIMULATOR:
@@ -80,10 +82,6 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
     if SIMULATOR:
         # plain NumPy on the shared array (a Python array there): device-function calls per
         # element made the simulated kernel ~20x slower
-        def split_host(x):
-            big = round_tf32_host(x)
-            return big, round_tf32_host(x - big)
-
         @cuda.jit(**DEVICE)
         def accumulate(sm, w_off, x_off, length, acc, warp, lane):
             row0, col0 = origin(warp)
@@ -96,10 +94,8 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
                             c = int(col0) + nt * MMA_N + 2 * t + e % 2
                             w0 = int(w_off) + r * W_ROW + k
                             x0 = int(x_off) + k * X_ROW + c
-                            wb, ws = split_host(sm[w0:w0 + MMA_K])
-                            xb, xs = split_host(sm[x0:x0 + MMA_K * X_ROW:X_ROW])
-                            acc[mt, nt, e] += np.sum(wb * xs + ws * xb + wb * xb,
-                                                     dtype=np.float32)
+                            acc[mt, nt, e] += step_3xtf32(sm[w0:w0 + MMA_K],
+                                                          sm[x0:x0 + MMA_K * X_ROW:X_ROW])
     else:
         zero = float32(0.0)
 

@@ -24,22 +24,11 @@ so there is no mma_tf32 there; kernels compute each lane's share of D directly i
 import numpy as np
 from numba import cuda
 
+# the NumPy model of the rounding (cvt.rna.tf32.f32: nearest, ties away from zero)
+from reference.precision import TF32_DROPPED_BITS
+from reference.precision import round_tf32 as round_tf32_host
+
 from .common import SIMULATOR
-
-# TF32 drops float32's low 13 mantissa bits; cvt.rna rounds to nearest, ties away from zero.
-TF32_DROPPED_BITS = 13
-
-
-def round_tf32_host(x):
-    """NumPy float32 array x rounded to TF32 as cvt.rna.tf32.f32 does (for tests and the
-    simulator): add half of the dropped part's weight to the magnitude, then clear it."""
-    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
-    half = np.uint32(1 << (TF32_DROPPED_BITS - 1))
-    mask = np.uint32(~((1 << TF32_DROPPED_BITS) - 1) & 0xFFFFFFFF)
-    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
-    rounded = np.where(finite, (bits + half) & mask, bits)
-    return rounded.astype(np.uint32).view(np.float32)
-
 
 if SIMULATOR:
     @cuda.jit(device=True)

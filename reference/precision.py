@@ -1,0 +1,58 @@
+"""Products on tensor cores in float32 precision, as NumPy models: TF32 rounding, the 3xTF32
+split and a 3xTF32 matrix product (what numba_flash/kernels/fa2_mma.py computes).
+
+TF32 keeps 10 of float32's 23 mantissa bits (float32's range). A product of two TF32 numbers is
+exact in float32, so tensor cores multiply TF32 inputs exactly; rounding the inputs is the error
+(~2^-11 relative each). Splitting x = big + small with big = tf32(x), small = tf32(x - big) keeps
+x to 2^-22 relative, and a b ~ big_a big_b + big_a small_b + small_a big_b (small_a small_b is
+below 2^-22 |a b|) makes a float32-accurate product from three TF32 ones ("3xTF32").
+"""
+
+import numpy as np
+
+TF32_DROPPED_BITS = 13      # float32's low mantissa bits that TF32 drops
+TF32_STEP = 8               # the contraction length of one mma.m16n8k8 TF32
+
+
+def round_tf32(x):
+    """float32 array x rounded to TF32 (nearest, ties away from zero, as cvt.rna.tf32.f32):
+    add half of the dropped part's weight to the magnitude bits, then clear them. inf and NaN
+    are returned unchanged."""
+    bits = np.asarray(x, dtype=np.float32).view(np.uint32)
+    half = np.uint32(1 << (TF32_DROPPED_BITS - 1))
+    mask = np.uint32(~((1 << TF32_DROPPED_BITS) - 1) & 0xFFFFFFFF)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    rounded = np.where(finite, (bits + half) & mask, bits)
+    return rounded.astype(np.uint32).view(np.float32)
+
+
+def split_tf32(x):
+    """(big, small), both TF32 values in float32 arrays: big = round_tf32(x), small =
+    round_tf32(x - big); |x - big - small| <= 2^-22 |x|."""
+    x = np.asarray(x, dtype=np.float32)
+    big = round_tf32(x)
+    return big, round_tf32(x - big)
+
+
+def step_3xtf32(w, x):
+    """One contraction step (last axis of w and x, TF32_STEP long or shorter) as the tensor core
+    forms it from the split inputs: big_w big_x + big_w small_x + small_w big_x, the products
+    exact, summed in float64 and rounded once to float32 (an idealized tensor core: the real one
+    truncates while it adds, so it can be a few units of roundoff off this)."""
+    wb, ws = split_tf32(w)
+    xb, xs = split_tf32(x)
+    exact = (wb.astype(np.float64) * xb + wb.astype(np.float64) * xs
+             + ws.astype(np.float64) * xb)
+    return exact.sum(axis=-1).astype(np.float32)
+
+
+def matmul_3xtf32(a, b, step=TF32_STEP):
+    """a @ b for float32 a (M, K) and b (K, N) as fa2_mma.accumulate computes it: each step of
+    `step` contraction indices by step_3xtf32, from zero, then added into a float32 accumulator
+    in ascending order. Returns float32 (M, N)."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for k in range(0, a.shape[1], step):
+        acc += step_3xtf32(a[:, None, k:k + step], b[k:k + step, :].T[None, :, :])
+    return acc
