@@ -12,8 +12,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 
 
-def test_there_are_six_notebooks():
-    assert len(NOTEBOOKS) == 6, NOTEBOOKS
+def test_there_are_seven_notebooks():
+    assert len(NOTEBOOKS) == 7, NOTEBOOKS
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

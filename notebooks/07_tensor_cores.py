@@ -1,0 +1,75 @@
+# %% [markdown]
+# # 7. Float32 accuracy from TF32 tensor cores
+#
+# **Claim.** TF32 keeps 10 of float32's 23 mantissa bits, so a product of TF32-rounded inputs is
+# off by about 2^-11 relative: thousands of float32 units of roundoff (u = 2^-24). Splitting each
+# float32 into two TF32 numbers, x = big + small (to 2^-22 relative), and forming
+# big·big + big·small + small·big ("3xTF32", three tensor-core products) recovers float32
+# accuracy: summed in steps of 8 (one `mma.m16n8k8`), each step from zero and added in float32,
+# as `numba_flash/kernels/fa2_mma.py` does, the error stays within a few u of Σ|a b|, like NumPy's
+# float32 matmul, at every contraction length. These are NumPy models (`reference/precision.py`);
+# on an H200, where the tensor core truncates while it adds, the kernel's sums measured 0.9–4.3 u
+# (`tests/mma_probe.py`, README "Tensor cores, first step").
+
+# %%
+import matplotlib.pyplot as plt
+import numpy as np
+
+import reference as ref
+
+U = 2.0 ** -24
+rng = np.random.default_rng(0)
+
+
+def errors(a, b):
+    """Max error of each way to form a @ b, in units of roundoff of sum |a b|."""
+    truth = a.astype(np.float64) @ b
+    units = (np.abs(a.astype(np.float64)) @ np.abs(b)) * U
+    ways = {"TF32 (inputs rounded once)": ref.round_tf32(a).astype(np.float64) @ ref.round_tf32(b),
+            "3xTF32, steps of 8": ref.matmul_3xtf32(a, b),
+            "NumPy float32": a @ b}
+    return {name: float((np.abs(c - truth) / units).max()) for name, c in ways.items()}
+
+
+def draw(regime, k):
+    a, b = rng.standard_normal((16, k)), rng.standard_normal((k, 8))
+    if regime == "all positive":
+        a, b = np.abs(a), np.abs(b)
+    elif regime == "one dominant term":
+        a, b = a * 0.1, b * 0.1
+        a[:, 3], b[3, :] = 1e3, 1.0
+    elif regime == "offset":
+        a = a + 30
+    return a.astype(np.float32), b.astype(np.float32)
+
+
+lengths = (8, 16, 32, 64, 128, 256)
+regimes = ("normal", "all positive", "one dominant term", "offset")
+worst = {(r, k): errors(*draw(r, k)) for r in regimes for k in lengths}
+for r in regimes:
+    print(r, {k: {n: round(e, 1) for n, e in worst[r, k].items()} for k in (64, 256)})
+
+# %%
+fig, axes = plt.subplots(1, len(regimes), figsize=(14, 3.5), sharey=True)
+for ax, r in zip(axes, regimes):
+    for name in worst[r, lengths[0]]:
+        ax.loglog(lengths, [max(worst[r, k][name], 1e-2) for k in lengths], marker="o", label=name)
+    ax.set_title(r, fontsize=9)
+    ax.set_xlabel("contraction length K")
+axes[0].set_ylabel("max error / (u Σ|ab|)")
+axes[0].legend(fontsize=7)
+plt.show()
+
+# %% [markdown]
+# **Check the claim.**
+
+# %%
+x = (rng.standard_normal(4096) * 10.0 ** rng.integers(-20, 20, 4096)).astype(np.float32)
+big, small = ref.split_tf32(x)
+assert np.all(np.abs(big.astype(np.float64) + small - x) <= np.abs(x.astype(np.float64)) * 2.0 ** -22)
+for (r, k), e in worst.items():
+    if r != "one dominant term":        # there the dominant term's inputs are exact in TF32
+        assert e["TF32 (inputs rounded once)"] > 100, (r, k, e)
+    assert e["3xTF32, steps of 8"] < 5, (r, k, e)
+    assert e["3xTF32, steps of 8"] < 3 * max(e["NumPy float32"], 1), (r, k, e)
+print("claim holds")
