@@ -1,0 +1,24 @@
+"""A/B of fa2-atomic's dK/dV products, FFMA against tensor cores (3xTF32), default tiles with
+prefetch, alternating, two rounds in one process on the same inputs, at N = 1k and 2k, d = 64
+and 128 (bench grid), for a GPU (not a pytest module): one process and alternation keep the
+run-to-run noise (several percent on the H200) out of the comparison.
+
+    python tests/ab_tensor_cores.py
+"""
+import numpy as np
+from numba import cuda
+from numba_flash import tune
+from numba_flash.bench import _median_ms
+import reference as ref
+
+rng = np.random.default_rng(0)
+for d, (bm, bn) in ((64, (64, 128)), (128, (64, 64))):
+    for n in (1024, 2048):
+        bh = (16384 // n) * (2048 // d)
+        q, k, v, do = (cuda.to_device(rng.standard_normal((bh, n, d), dtype=np.float32)) for _ in range(4))
+        out, lse = tune._launch_forward((128, 64, (16, 16)), q, k, v, kernel="fa2")
+        flops = 2.5 * ref.forward_flops(n, n, d, False, bh)
+        for rnd in range(2):
+            for cfg in ((bm, bn, (16, 16), True, True), (bm, bn, (16, 16), None, True, True)):
+                ms = _median_ms(lambda: tune._launch_backward(cfg, do, q, k, v, out, lse, kernel="fa2-atomic"))
+                print(f"d={d} N={n} round {rnd} {'tensor cores' if len(cfg) == 6 else 'FFMA'}: {flops / ms / 1e9:.1f} TFLOP/s", flush=True)
