@@ -56,3 +56,17 @@ def matmul_3xtf32(a, b, step=TF32_STEP):
     for k in range(0, a.shape[1], step):
         acc += step_3xtf32(a[:, None, k:k + step], b[k:k + step, :].T[None, :, :])
     return acc
+
+
+def matmul_fma_order(a, b):
+    """a @ b for float32 a (M, K) and b (K, N) in the order of the fa2 kernels' dot products (S =
+    Q K^T, dP = dO V^T): one float32 FMA per term, contraction index ascending. Each FMA is
+    emulated as the exact product (48 bits, exact in float64) added in float64, then rounded to
+    float32: that is a true FMA except where the float64 sum lands exactly on a float32 tie
+    (double rounding; rare). Returns float32 (M, N)."""
+    a = np.asarray(a, dtype=np.float32)
+    b = np.asarray(b, dtype=np.float32)
+    acc = np.zeros((a.shape[0], b.shape[1]), np.float32)
+    for c in range(a.shape[1]):
+        acc = (acc + np.outer(a[:, c].astype(np.float64), b[c])).astype(np.float32)
+    return acc

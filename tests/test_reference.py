@@ -241,3 +241,17 @@ def test_3xtf32_products_keep_float32_accuracy(regime):
     assert err(ref.round_tf32(a).astype(np.float64) @ ref.round_tf32(b)) > 100
     big, small = ref.split_tf32(a)
     assert np.all(np.abs(big.astype(np.float64) + small - a) <= np.abs(a) * 2.0 ** -22)
+
+
+def test_fma_order_product_is_the_kernels_sum():
+    # one rounding per term in ascending order: equal to a float32 loop with exact products
+    rng = np.random.default_rng(1)
+    a, b = rng.standard_normal((3, 9)).astype(np.float32), rng.standard_normal((9, 2)).astype(np.float32)
+    loop = np.zeros((3, 2), np.float32)
+    for i in range(3):
+        for j in range(2):
+            acc = np.float32(0)
+            for c in range(9):
+                acc = np.float32(np.float64(acc) + np.float64(a[i, c]) * np.float64(b[c, j]))
+            loop[i, j] = acc
+    np.testing.assert_array_equal(ref.matmul_fma_order(a, b), loop)
