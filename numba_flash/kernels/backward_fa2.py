@@ -546,7 +546,7 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
 
 def prefetch_by_default(dtype, dq_atomic):
     """Whether run_backward prefetches when not told: float32 with dQ by atomics (fa2-atomic).
-    `numba-flash tune` on an H200 (2026-11-29, two runs, N = 1k and 2k, default tiles): d = 128
+    `numba-flash tune` on an H200 (2026-11-29, three runs, N = 1k and 2k, default tiles): d = 128
     +4-8 % (N = 2k: 24.5 against 22.9 TFLOP/s, and 23.9 against 22.5), d = 64 -1 to +3 %
     (N = 1k: 23.3 against 22.6; 2k: 25.4 against 25.1, and 25.3 against 25.4). The fa2 backward
     and float64 were not timed with it."""
