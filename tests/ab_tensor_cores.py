@@ -1,6 +1,7 @@
-"""A/B of fa2-atomic's dK/dV products, FFMA against tensor cores (3xTF32), default tiles with
-prefetch, alternating, two rounds in one process on the same inputs, at N = 1k and 2k, d = 64
-and 128 (bench grid), for a GPU (not a pytest module): one process and alternation keep the
+"""A/B of fa2-atomic's dK/dV products, FFMA against tensor cores (3xTF32: the accumulating
+products, and those with dP as well, dp_tensor_cores), default tiles with prefetch,
+alternating, two rounds in one process on the same inputs, at N = 1k and 2k, d = 64 and 128
+(bench grid), for a GPU (not a pytest module): one process and alternation keep the
 run-to-run noise (several percent on the H200) out of the comparison.
 
     python tests/ab_tensor_cores.py
@@ -18,7 +19,14 @@ for d, (bm, bn) in ((64, (64, 128)), (128, (64, 64))):
         q, k, v, do = (cuda.to_device(rng.standard_normal((bh, n, d), dtype=np.float32)) for _ in range(4))
         out, lse = tune._launch_forward((128, 64, (16, 16)), q, k, v, kernel="fa2")
         flops = 2.5 * ref.forward_flops(n, n, d, False, bh)
+        configs = {"FFMA": (bm, bn, (16, 16), True, True),
+                   "tensor cores": (bm, bn, (16, 16), None, True, True),
+                   "tensor cores + dP": (bm, bn, (16, 16), None, True, True, True)}
+        if d == 64:
+            configs["tensor cores + dP, 64 x 64"] = (64, 64, (16, 16), None, True, True, True)
         for rnd in range(2):
-            for cfg in ((bm, bn, (16, 16), True, True), (bm, bn, (16, 16), None, True, True)):
-                ms = _median_ms(lambda: tune._launch_backward(cfg, do, q, k, v, out, lse, kernel="fa2-atomic"))
-                print(f"d={d} N={n} round {rnd} {'tensor cores' if len(cfg) == 6 else 'FFMA'}: {flops / ms / 1e9:.1f} TFLOP/s", flush=True)
+            for name, cfg in configs.items():
+                ms = _median_ms(lambda: tune._launch_backward(cfg, do, q, k, v, out, lse,
+                                                              kernel="fa2-atomic"))
+                print(f"d={d} N={n} round {rnd} {name}: {flops / ms / 1e9:.1f} TFLOP/s",
+                      flush=True)

@@ -38,7 +38,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKerne
                      numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
-from .fa2_mma import WARP, mma_products
+from .fa2_mma import WARP, mma_products, position
 from .vector_io import VECTOR, AlignedDispatch, add4, require_aligned
 
 
@@ -240,7 +240,8 @@ def _recompute_p(T, causal):
 
 
 def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False,
-                     vector_atomics=None, prefetch=False, tensor_cores=False):
+                     vector_atomics=None, prefetch=False, tensor_cores=False,
+                     dp_tensor_cores=False):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group). With dq_atomic the kernel also
     adds scale dS K into dq (which must hold zeros) with atomics, and no dQ kernel is needed:
@@ -262,11 +263,15 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     that split into 16 x 8 fragments over whole warps (True: else ValueError; None: where they
     can, FFMA elsewhere). dQ is added from the fragments, which hold pairs of adjacent columns:
     vector_atomics there means one red.global.add.v2.f32 per pair (vector_io.add2; same
-    conditions and alignment check as above). An experiment, off by default (False)."""
+    conditions and alignment check as above). An experiment, off by default (False).
+    dp_tensor_cores (with tensor_cores): dP^T = V dO^T on tensor cores too, and S^T by FFMA in
+    the forward's order at the positions of the fragments (fa2_mma's dot), so that P and dS are
+    formed in registers from the two; needs the block_n x block_m tile in 16 x 8 fragments."""
     d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads, dq_atomic)
     if tensor_cores or tensor_cores is None:
         try:
-            _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic)
+            _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic,
+                                dp_tensor_cores)
             tensor_cores = True
         except ValueError:
             if tensor_cores:
@@ -278,7 +283,8 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
                          f"got dq_atomic={dq_atomic}, {np.dtype(dtype)}, d={head_dim}")
     build = functools.partial(_dkdv, block_m, block_n, d_pad, d_const, bool(causal),
                               np.dtype(dtype), threads, bool(dq_atomic), prefetch=bool(prefetch),
-                              tensor_cores=bool(tensor_cores))
+                              tensor_cores=bool(tensor_cores),
+                              dp_tensor_cores=bool(tensor_cores) and bool(dp_tensor_cores))
     if vector_atomics is None and possible:
         (vector, threads_per_block), (scalar, _) = build(True), build(False)
         return AlignedDispatch(vector, scalar, positions=(DQ_ARG,)), threads_per_block
@@ -288,7 +294,7 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
 DQ_ARG = 8      # dq's position among the dK/dV kernel's arguments
 
 
-def _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic):
+def _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic, scores=False):
     """ValueError unless the dK/dV kernel's tiles can go through fa2_mma: float32, whole warps,
     and the dK/dV (block_n x d_pad) and dQ (block_m x d_pad) tiles in 16 x 8 fragments."""
     if np.dtype(dtype) != np.float32:
@@ -300,6 +306,15 @@ def _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic):
         raise ValueError(f"tensor_cores needs block_m and block_n multiples of 8, got "
                          f"{block_m} x {block_n}")
     _tensor_core_products(block_m, block_n, d_pad, threads, dq_atomic)
+    if scores:
+        _score_products(block_m, block_n, d_pad, threads)
+
+
+def _score_products(block_m, block_n, d_pad, threads):
+    """fa2_mma device functions for the S^T and dP^T tile (block_n x block_m, K and V rows
+    against Q and dO rows, contracted over d_pad)."""
+    warps = threads[0] * threads[1] // WARP
+    return mma_products(block_n, block_m, warps, d_pad + PAD, d_pad + PAD)
 
 
 def _tensor_core_products(block_m, block_n, d_pad, threads, dq_atomic):
@@ -313,7 +328,7 @@ def _tensor_core_products(block_m, block_n, d_pad, threads, dq_atomic):
 
 @functools.lru_cache(maxsize=None)
 def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, vector_atomics,
-          prefetch=False, tensor_cores=False):
+          prefetch=False, tensor_cores=False, dp_tensor_cores=False):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
         block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2, dq_atomic)
     DQ_ATOMIC = dq_atomic
@@ -346,6 +361,14 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         if DQ_ATOMIC:
             acc_q, clear_q = mma_q["accumulate"], mma_q["clear"]
             add_q = mma_q["add_pairs"] if RED4 else mma_q["add"]
+    DP_TC = TC and dp_tensor_cores
+    FS = (1, 1, 1)
+    if DP_TC:
+        mma_s = _score_products(block_m, block_n, c["D_PAD"], threads)
+        FS = mma_s["shape"]
+        dot_s, acc_dp, clear_s, origin_s = (mma_s[x] for x in ("dot", "accumulate_t", "clear",
+                                                              "origin"))
+    uDPAD = U(c["D_PAD"])
 
     @cuda.jit
     def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -369,6 +392,8 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         dk_frag = cuda.local.array(FK, T)             # tensor cores: the warp's fragments
         dv_frag = cuda.local.array(FK, T)
         dq_frag = cuda.local.array(FQ, T)
+        s_frag = cuda.local.array(FS, T)              # S^T and dP^T at fragment positions
+        dp_frag = cuda.local.array(FS, T)
         warp, lane = tid // U(WARP), tid % U(WARP)
         if TC:
             clear_kv(dk_frag)
@@ -403,9 +428,29 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
                 if PREFETCH and m1 < nq:               # lands while this tile is computed
                     fetch(q_next, q, bh, m1, tid, d, scale)
                     fetch(do_next, dout, bh, m1, tid, d, T(1.0))
-                dot_rows(sm, uK, uQ, s, ty, tx)        # S^T[j, i], summed as the forward did
-                dot_rows(sm, uV, udO, dp, ty, tx)      # dP^T[j, i]
-                for a in range(TA):
+                if DP_TC:
+                    # S^T by FFMA in the forward's order and dP^T on tensor cores, both at
+                    # the fragments' positions (rows j, columns i) of the S^T tile
+                    dot_s(sm, uK, uQ, uDPAD, s_frag, warp, lane)
+                    clear_s(dp_frag)
+                    acc_dp(sm, uV, udO, uDPAD, dp_frag, warp, lane)
+                    row0, col0 = origin_s(warp)
+                    for mt in range(FS[0]):
+                        for nt in range(FS[1]):
+                            for e in range(4):
+                                jl, il = position(row0, col0, mt, nt, e, lane)
+                                i = m0 + il
+                                p = recompute_p(s_frag[mt, nt, e], sm[uL + il], i, n0 + jl,
+                                                nq, nk)
+                                sm[uPT + jl * uWR + il] = p
+                                ds = p * (dp_frag[mt, nt, e] - sm[uDv + il])
+                                sm[udST + jl * uWR + il] = ds
+                                if DQ_ATOMIC:
+                                    sm[udS + il * uSR + jl] = ds
+                else:
+                    dot_rows(sm, uK, uQ, s, ty, tx)    # S^T[j, i], summed as the forward did
+                    dot_rows(sm, uV, udO, dp, ty, tx)  # dP^T[j, i]
+                for a in range(TA if not DP_TC else 0):
                     jl = ty + U(a) * uTY
                     j = n0 + jl
                     for b in range(TB):
@@ -555,7 +600,7 @@ def prefetch_by_default(dtype, dq_atomic):
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None,
-                 prefetch=None, tensor_cores=False):
+                 prefetch=None, tensor_cores=False, dp_tensor_cores=False):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
     backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
@@ -574,7 +619,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     pre, tpb = make_preprocess_kernel(d, dtype, clear=atomic)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic,
-                                 vector_atomics if atomic else False, prefetch, tensor_cores)
+                                 vector_atomics if atomic else False, prefetch, tensor_cores,
+                                 dp_tensor_cores)
     dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq, scale, heads,
                                             group)
     if not atomic:

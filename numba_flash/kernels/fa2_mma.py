@@ -30,7 +30,7 @@ from numba import cuda, float32
 from reference.precision import step_3xtf32
 
 from .common import SIMULATOR, U
-from .fa2_tiles import DEVICE
+from .fa2_tiles import CHUNK, DEVICE
 from .mma import split_tf32
 from .vector_io import add2
 
@@ -79,24 +79,40 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
     def origin(warp):
         return (warp // uWN) * uMT * U(MMA_M), (warp % uWN) * uNT * U(MMA_N)
 
-    if SIMULATOR:
-        # plain NumPy on the shared array (a Python array there): device-function calls per
-        # element made the simulated kernel ~20x slower
-        @cuda.jit(**DEVICE)
-        def accumulate(sm, w_off, x_off, length, acc, warp, lane):
-            row0, col0 = origin(warp)
-            g, t = int(lane) // 4, int(lane) % 4
-            for k in range(0, int(length), MMA_K):
-                for mt in range(MT):
-                    for nt in range(NT):
-                        for e in range(4):
-                            r = int(row0) + mt * MMA_M + g + 8 * (e // 2)
-                            c = int(col0) + nt * MMA_N + 2 * t + e % 2
-                            w0 = int(w_off) + r * W_ROW + k
-                            x0 = int(x_off) + k * X_ROW + c
-                            acc[mt, nt, e] += step_3xtf32(sm[w0:w0 + MMA_K],
-                                                          sm[x0:x0 + MMA_K * X_ROW:X_ROW])
-    else:
+    def accumulator(transposed):
+        """accumulate, or with transposed accumulate_t, whose X is stored transposed (both
+        operands row-major along the contraction, as in S^T = K Q^T and dP^T = V dO^T):
+        X[k, c] at x_off + c * X_ROW + k."""
+        XK, XC = (1, X_ROW) if transposed else (X_ROW, 1)       # X's strides along k and c
+        # The step's 8 contraction indices fill the fragments' slots t and t + 4 (any order
+        # is the same product if W and X agree on it). Row-major X: indices k + 2t and
+        # k + 2t + 1, so that a warp's loads of one X row (rows 4 more than a multiple of 32
+        # banks apart) hit 32 distinct banks (in the fragments' order, k + t, they were 2-way
+        # conflicts: 22 % of the shared wavefronts in ncu, d = 64), at the price of 2-way
+        # conflicts on W's fewer loads. Transposed X: the fragments' own order, k + t and
+        # k + t + 4, which puts lanes (g, t) on banks 4g + t, all distinct, for W and X alike.
+        KS, KH = (1, 4) if transposed else (2, 1)
+        uXK, uXC, uKS, uKH = U(XK), U(XC), U(KS), U(KH)
+
+        if SIMULATOR:
+            # plain NumPy on the shared array (a Python array there): device-function calls
+            # per element made the simulated kernel ~20x slower
+            @cuda.jit(**DEVICE)
+            def accumulate(sm, w_off, x_off, length, acc, warp, lane):
+                row0, col0 = origin(warp)
+                g, t = int(lane) // 4, int(lane) % 4
+                for k in range(0, int(length), MMA_K):
+                    for mt in range(MT):
+                        for nt in range(NT):
+                            for e in range(4):
+                                r = int(row0) + mt * MMA_M + g + 8 * (e // 2)
+                                c = int(col0) + nt * MMA_N + 2 * t + e % 2
+                                w0 = int(w_off) + r * W_ROW + k
+                                x0 = int(x_off) + k * XK + c * XC
+                                acc[mt, nt, e] += step_3xtf32(sm[w0:w0 + MMA_K],
+                                                              sm[x0:x0 + MMA_K * XK:XK])
+            return accumulate
+
         zero = float32(0.0)
 
         @cuda.jit(**DEVICE)
@@ -106,28 +122,70 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
             k = U(0)
             while k < length:
                 for mt in range(MT):
-                    # the step's 8 contraction indices k + 2t, k + 2t + 1 fill the fragments'
-                    # slots t, t + 4 (any order is the same product if W and X agree on it):
-                    # X rows 2t apart put a warp's loads of one X row on 32 distinct banks for
-                    # the row strides used here (4 more than a multiple of 32; in the
-                    # fragments' order, k + t, they were 2-way conflicts: 22 % of the shared
-                    # wavefronts in ncu, d = 64), at the price of 2-way conflicts on W's fewer
-                    w_row = w_off + (row0 + U(mt) * U(MMA_M) + g) * uWR + k + U(2) * t
+                    w_row = w_off + (row0 + U(mt) * U(MMA_M) + g) * uWR + k + uKS * t
                     a0, s0 = split_tf32(sm[w_row])
                     a1, s1 = split_tf32(sm[w_row + U(8) * uWR])
-                    a2, s2 = split_tf32(sm[w_row + U(1)])
-                    a3, s3 = split_tf32(sm[w_row + U(8) * uWR + U(1)])
+                    a2, s2 = split_tf32(sm[w_row + uKH])
+                    a3, s3 = split_tf32(sm[w_row + U(8) * uWR + uKH])
                     big, small = (a0, a1, a2, a3), (s0, s1, s2, s3)
                     for nt in range(NT):
-                        x_col = x_off + (k + U(2) * t) * uXR + col0 + U(nt) * U(MMA_N) + g
-                        b0, r0 = split_tf32(sm[x_col])
-                        b1, r1 = split_tf32(sm[x_col + uXR])
+                        x0 = x_off + (k + uKS * t) * uXK + (col0 + U(nt) * U(MMA_N) + g) * uXC
+                        b0, r0 = split_tf32(sm[x0])
+                        b1, r1 = split_tf32(sm[x0 + uKH * uXK])
                         step = mma_tf32(small, (b0, b1), (zero, zero, zero, zero))
                         step = mma_tf32(big, (r0, r1), step)
                         step = mma_tf32(big, (b0, b1), step)
                         for e in range(4):
                             acc[mt, nt, e] += step[e]
                 k += U(MMA_K)
+        return accumulate
+
+    accumulate, accumulate_t = accumulator(False), accumulator(True)
+
+    if SIMULATOR:
+        @cuda.jit(**DEVICE)
+        def dot(sm, a_off, b_off, length, acc, warp, lane):
+            row0, col0 = origin(warp)
+            for mt in range(MT):
+                for nt in range(NT):
+                    for e in range(4):
+                        r, c = position(row0, col0, mt, nt, e, lane)
+                        a0, b0 = int(a_off) + int(r) * W_ROW, int(b_off) + int(c) * X_ROW
+                        total = sm[a0] * sm[b0]            # as the FMA chain of tile_products,
+                        for kk in range(1, int(length)):   # each term rounded (no FMA here)
+                            total += sm[a0 + kk] * sm[b0 + kk]
+                        acc[mt, nt, e] = total
+    else:
+        @cuda.jit(**DEVICE)
+        def dot(sm, a_off, b_off, length, acc, warp, lane):
+            # tile_products.dot_rows's sum (from zero, index ascending, one FMA per term, rows
+            # read 16 bytes at a time) at the fragments' positions: rows g, g + 8 of each row
+            # tile against columns 2t, 2t + 1 of each column tile
+            row0, col0 = origin(warp)
+            g, t = lane // U(4), lane % U(4)
+            aa = cuda.local.array((MT, 2, CHUNK), float32)
+            bb = cuda.local.array((2, CHUNK), float32)
+            for mt in range(MT):
+                for nt in range(NT):
+                    for e in range(4):
+                        acc[mt, nt, e] = float32(0.0)
+            c = U(0)
+            while c < length:
+                for mt in range(MT):
+                    for h in range(2):
+                        base = a_off + (row0 + U(mt) * U(MMA_M) + g + U(8 * h)) * uWR + c
+                        for i in range(CHUNK):
+                            aa[mt, h, i] = sm[base + U(i)]
+                for nt in range(NT):
+                    for h in range(2):
+                        base = b_off + (col0 + U(nt) * U(MMA_N) + U(2) * t + U(h)) * uXR + c
+                        for i in range(CHUNK):
+                            bb[h, i] = sm[base + U(i)]
+                    for mt in range(MT):
+                        for e in range(4):
+                            for i in range(CHUNK):
+                                acc[mt, nt, e] += aa[mt, e // 2, i] * bb[e % 2, i]
+                c += U(CHUNK)
 
     def writer(atomic, pairs=False):
         @cuda.jit(**DEVICE)
@@ -159,5 +217,6 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
                 for e in range(4):
                     acc[mt, nt, e] = float32(0.0)
 
-    return dict(accumulate=accumulate, store=writer(False), add=writer(True),
-                add_pairs=writer(True, pairs=True), clear=clear, shape=(MT, NT, 4))
+    return dict(accumulate=accumulate, accumulate_t=accumulate_t, dot=dot, origin=origin,
+                store=writer(False), add=writer(True), add_pairs=writer(True, pairs=True),
+                clear=clear, shape=(MT, NT, 4))
