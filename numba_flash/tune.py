@@ -79,7 +79,8 @@ def _launch_forward(cfg, q, k, v, causal=False, kernel="tiled"):
 
 def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False, kernel="tiled"):
     bm, bn, threads, *options = cfg
-    extra = dict(zip(("vector_atomics", "prefetch", "tensor_cores", "dp_tensor_cores"), options))
+    extra = dict(zip(("vector_atomics", "prefetch", "tensor_cores", "dp_tensor_cores",
+                      "p_in_registers"), options))
     dq = arrays.empty_device(q.shape, q.dtype)
     dk = arrays.empty_device(k.shape, k.dtype)
     dv = arrays.empty_device(v.shape, v.dtype)

@@ -244,13 +244,18 @@ def test_gpu_tensor_cores_agree_with_truth(d, block_n):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("d, block_n", [(64, 128), (128, 64), (59, 128)])
-def test_gpu_dp_on_tensor_cores_keeps_p_bit_for_bit(d, block_n):
+@pytest.mark.parametrize("d, block_m, block_n, p_in_registers",
+                         [(64, 64, 128, None), (64, 64, 128, False), (128, 64, 64, None),
+                          (128, 32, 128, None), (59, 64, 128, None)])
+def test_gpu_dp_on_tensor_cores_keeps_p_bit_for_bit(d, block_m, block_n, p_in_registers):
     # on the GPU the FMA contraction is ptxas's: dV's bits show that S^T from fa2_mma's dot is
-    # still the forward's sum at real sizes
+    # still the forward's sum at real sizes, and that dV += P^T dO from the fragments in
+    # registers (p_in_registers, where block_n is 16 rows per warp) is the same sum as from
+    # shared memory
     case = Case("dP on tensor cores, real size", 1, 4, 2, 700, 1030, d, causal=d != 64)
-    options = dict(block_m=64, block_n=block_n, dq_atomic=True, tensor_cores=True)
-    inputs, got = run_fa2_backward(case, dp_tensor_cores=True, **options)
+    options = dict(block_m=block_m, block_n=block_n, dq_atomic=True, tensor_cores=True)
+    inputs, got = run_fa2_backward(case, dp_tensor_cores=True, p_in_registers=p_in_registers,
+                                   **options)
     _, ref = run_fa2_backward(case, **options)
     assert all(c.ok for c in check_backward(*inputs, *got, causal=case.causal))
     np.testing.assert_array_equal(got[2], ref[2])

@@ -33,12 +33,12 @@ import numpy as np
 from numba import cuda
 
 from .backward import make_preprocess_kernel
-from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel,
+from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
                      ceil_div, check_block, check_shared_memory, check_head_dim, kv_head,
                      numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
-from .fa2_mma import WARP, mma_products, position
+from .fa2_mma import WARP, mma_from_fragments, mma_products, position, rows_per_warp
 from .vector_io import VECTOR, AlignedDispatch, add4, require_aligned
 
 
@@ -241,7 +241,7 @@ def _recompute_p(T, causal):
 
 def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False,
                      vector_atomics=None, prefetch=False, tensor_cores=False,
-                     dp_tensor_cores=False):
+                     dp_tensor_cores=False, p_in_registers=None):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group). With dq_atomic the kernel also
     adds scale dS K into dq (which must hold zeros) with atomics, and no dQ kernel is needed:
@@ -266,7 +266,11 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     conditions and alignment check as above). An experiment, off by default (False).
     dp_tensor_cores (with tensor_cores): dP^T = V dO^T on tensor cores too, and S^T by FFMA in
     the forward's order at the positions of the fragments (fa2_mma's dot), so that P and dS are
-    formed in registers from the two; needs the block_n x block_m tile in 16 x 8 fragments."""
+    formed in registers from the two; needs the block_n x block_m tile in 16 x 8 fragments.
+    p_in_registers (with dp_tensor_cores): keep P^T and dS^T in the fragments and feed dV and
+    dK's products from there (fa2_mma.mma_from_fragments), where each warp owns whole rows of
+    the tile (block_n a multiple of 16 x warps) and on a GPU (None: there; False: never; the
+    simulator always goes through shared memory)."""
     d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads, dq_atomic)
     if tensor_cores or tensor_cores is None:
         try:
@@ -281,10 +285,12 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     if vector_atomics and not possible:
         raise ValueError(f"vector_atomics needs dq_atomic, float32 and d a multiple of {VECTOR}, "
                          f"got dq_atomic={dq_atomic}, {np.dtype(dtype)}, d={head_dim}")
+    dp_tensor_cores = bool(tensor_cores) and bool(dp_tensor_cores)
     build = functools.partial(_dkdv, block_m, block_n, d_pad, d_const, bool(causal),
                               np.dtype(dtype), threads, bool(dq_atomic), prefetch=bool(prefetch),
-                              tensor_cores=bool(tensor_cores),
-                              dp_tensor_cores=bool(tensor_cores) and bool(dp_tensor_cores))
+                              tensor_cores=bool(tensor_cores), dp_tensor_cores=dp_tensor_cores,
+                              p_in_registers=dp_tensor_cores and _p_in_registers(
+                                  p_in_registers, block_n, threads))
     if vector_atomics is None and possible:
         (vector, threads_per_block), (scalar, _) = build(True), build(False)
         return AlignedDispatch(vector, scalar, positions=(DQ_ARG,)), threads_per_block
@@ -310,6 +316,15 @@ def _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic, scor
         _score_products(block_m, block_n, d_pad, threads)
 
 
+def _p_in_registers(option, block_n, threads):
+    """make_dkdv_kernel's p_in_registers, resolved (ValueError where True cannot run)."""
+    possible = not SIMULATOR and rows_per_warp(block_n, threads[0] * threads[1] // WARP)
+    if option and not possible:
+        raise ValueError(f"p_in_registers needs a GPU and block_n a multiple of 16 x warps, got "
+                         f"block_n={block_n}, {threads[0] * threads[1] // WARP} warps")
+    return possible if option is None else bool(option)
+
+
 def _score_products(block_m, block_n, d_pad, threads):
     """fa2_mma device functions for the S^T and dP^T tile (block_n x block_m, K and V rows
     against Q and dO rows, contracted over d_pad)."""
@@ -328,7 +343,7 @@ def _tensor_core_products(block_m, block_n, d_pad, threads, dq_atomic):
 
 @functools.lru_cache(maxsize=None)
 def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, vector_atomics,
-          prefetch=False, tensor_cores=False, dp_tensor_cores=False):
+          prefetch=False, tensor_cores=False, dp_tensor_cores=False, p_in_registers=False):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
         block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2, dq_atomic)
     DQ_ATOMIC = dq_atomic
@@ -369,6 +384,10 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         dot_s, acc_dp, clear_s, origin_s = (mma_s[x] for x in ("dot", "accumulate_t", "clear",
                                                               "origin"))
     uDPAD = U(c["D_PAD"])
+    REGS = DP_TC and p_in_registers
+    if REGS:
+        regs_kv = mma_from_fragments(block_n, block_m, c["D_PAD"], threads[0] * threads[1] // WARP,
+                                     c["D_ROW"])
 
     @cuda.jit
     def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -442,9 +461,13 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
                                 i = m0 + il
                                 p = recompute_p(s_frag[mt, nt, e], sm[uL + il], i, n0 + jl,
                                                 nq, nk)
-                                sm[uPT + jl * uWR + il] = p
                                 ds = p * (dp_frag[mt, nt, e] - sm[uDv + il])
-                                sm[udST + jl * uWR + il] = ds
+                                if REGS:               # P^T and dS^T stay in the fragments
+                                    s_frag[mt, nt, e] = p
+                                    dp_frag[mt, nt, e] = ds
+                                else:
+                                    sm[uPT + jl * uWR + il] = p
+                                    sm[udST + jl * uWR + il] = ds
                                 if DQ_ATOMIC:
                                     sm[udS + il * uSR + jl] = ds
                 else:
@@ -462,7 +485,16 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
                         sm[udST + jl * uWR + il] = ds
                         if DQ_ATOMIC:
                             sm[udS + il * uSR + jl] = ds
-                if TC:
+                if REGS:
+                    # the warp's own rows of P^T and dS^T, from its registers
+                    regs_kv(sm, s_frag, udO, dv_frag, warp, lane)      # dV += P^T dO
+                    regs_kv(sm, dp_frag, uQ, dk_frag, warp, lane)      # dK += dS^T (scale Q)
+                    if DQ_ATOMIC:
+                        cuda.syncthreads()             # dS rows i come from every warp
+                        clear_q(dq_frag)
+                        acc_q(sm, udS, uK, uBN, dq_frag, warp, lane)   # dQ_i += dS_i K
+                        add_q(dq, bh, m0, nq, d, dq_frag, scale, warp, lane)
+                elif TC:
                     # a warp's fragments take rows of P^T, dS^T (and dS) from other warps
                     cuda.syncthreads()
                     acc_kv(sm, uPT, udO, uBM, dv_frag, warp, lane)     # dV += P^T dO
@@ -600,7 +632,7 @@ def prefetch_by_default(dtype, dq_atomic):
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None,
-                 prefetch=None, tensor_cores=False, dp_tensor_cores=False):
+                 prefetch=None, tensor_cores=False, dp_tensor_cores=False, p_in_registers=None):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
     backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
@@ -620,7 +652,7 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic,
                                  vector_atomics if atomic else False, prefetch, tensor_cores,
-                                 dp_tensor_cores)
+                                 dp_tensor_cores, p_in_registers)
     dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq, scale, heads,
                                             group)
     if not atomic:

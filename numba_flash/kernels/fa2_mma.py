@@ -220,3 +220,68 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
     return dict(accumulate=accumulate, accumulate_t=accumulate_t, dot=dot, origin=origin,
                 store=writer(False), add=writer(True), add_pairs=writer(True, pairs=True),
                 clear=clear, shape=(MT, NT, 4))
+
+
+def rows_per_warp(rows, warps):
+    """Whether warp_grid gives each warp whole rows of a rows-row tile (WN = 1), whatever its
+    columns: then a warp's fragments of one tile can be the A operand of the next product."""
+    return rows % MMA_M == 0 and (rows // MMA_M) % warps == 0
+
+
+@functools.lru_cache(maxsize=None)
+def mma_from_fragments(rows, length, cols, warps, X_ROW):
+    """accumulate_regs(sm, frag, x_off, acc, warp, lane): acc += A X for a rows x cols acc tile
+    (mma_products(rows, cols, warps, ...)'s layout) where A, rows x length, is held in the warp's
+    own fragments `frag` of mma_products(rows, length, warps, ...) (the P^T and dS^T tiles the
+    dK/dV kernel forms in registers) and X is row-major in shared memory, rows X_ROW apart.
+    Needs rows_per_warp(rows, warps): then a warp's rows of A are its rows of acc, and the
+    fragment entries of A's column tile ks, (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1),
+    are the A operand of contraction step ks in accumulate's order k + 2t (slots t, t + 4): the
+    same sums as accumulate on A stored in shared memory, without storing it. GPU only (on the
+    simulator a lane cannot read its warp's registers: the kernel goes through shared memory)."""
+    if not rows_per_warp(rows, warps):
+        raise ValueError(f"{warps} warps do not each own whole rows of a {rows}-row tile")
+    _, _, MT, NT = warp_grid(rows, cols, warps)
+    KT = warp_grid(rows, length, warps)[3]
+    uXR = U(X_ROW)
+    zero = float32(0.0)
+
+    # One device function per contraction step ks, each calling the next: frag[mt, ks, e] must
+    # be indexed by constants to stay in registers, and LLVM did not unroll a loop over ks with
+    # this body (the fragments went to local memory: 151 local loads and stores in the PTX)
+    @cuda.jit(**DEVICE)
+    def done(sm, frag, x_off, acc, g, t):
+        pass
+
+    def step_from(ks, then):
+        k0 = U(ks * MMA_K)
+
+        @cuda.jit(**DEVICE)
+        def step_ks(sm, frag, x_off, acc, g, t):
+            for mt in range(MT):
+                a0, s0 = split_tf32(frag[mt, ks, 0])
+                a1, s1 = split_tf32(frag[mt, ks, 2])
+                a2, s2 = split_tf32(frag[mt, ks, 1])
+                a3, s3 = split_tf32(frag[mt, ks, 3])
+                big, small = (a0, a1, a2, a3), (s0, s1, s2, s3)
+                for nt in range(NT):
+                    x0 = x_off + (k0 + U(2) * t) * uXR + U(nt * MMA_N) + g
+                    b0, r0 = split_tf32(sm[x0])
+                    b1, r1 = split_tf32(sm[x0 + uXR])
+                    step = mma_tf32(small, (b0, b1), (zero, zero, zero, zero))
+                    step = mma_tf32(big, (r0, r1), step)
+                    step = mma_tf32(big, (b0, b1), step)
+                    for e in range(4):
+                        acc[mt, nt, e] += step[e]
+            then(sm, frag, x_off, acc, g, t)
+        return step_ks
+
+    steps = done
+    for ks in reversed(range(KT)):
+        steps = step_from(ks, steps)
+
+    @cuda.jit(**DEVICE)
+    def accumulate_regs(sm, frag, x_off, acc, warp, lane):
+        steps(sm, frag, x_off, acc, lane // U(4), lane % U(4))
+
+    return accumulate_regs
