@@ -31,6 +31,9 @@ for d, (bm, bn) in ((64, (64, 128)), (128, (64, 64))):
             configs["tensor cores + dP, 32 x 128"] = (32, 128, (16, 16), None, True, True, True,
                                                       False)
             configs["FFMA, 32 x 128"] = (32, 128, (16, 16), True, True)
+        bm_r, bn_r = configs["tensor cores + dP, P in registers"][:2]
+        configs["tensor cores + dP, P in registers, no prefetch"] = (
+            bm_r, bn_r, (16, 16), None, False, True, True, True)
         for rnd in range(2):
             for name, cfg in configs.items():
                 ms = _median_ms(lambda: tune._launch_backward(cfg, do, q, k, v, out, lse,
