@@ -165,8 +165,9 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     kernels use no atomics (dQ has its own kernel), so they are reproducible either way; the
     default, "fa2-atomic", adds dQ up with atomics (its dq may differ in the last bits from
     call to call), and with deterministic=True the "fa2" kernel runs instead, with fa2's
-    default tiles unless block_m / block_n are given; so does "fa2-tc" (fa2-atomic with its
-    accumulating products on tensor cores, an experiment).
+    default tiles unless block_m / block_n are given; so does "fa2-ffma" (fa2-atomic with
+    every product an FFMA sum, where the default puts the accumulating ones on tensor cores
+    in float32).
     """
     p = _validate(q, k, v, scale)
     device = arrays.device_of(q)

@@ -28,7 +28,7 @@ def main(argv=None):
                       help="forward kernels to tune (tiled, fa2)")
     tune.add_argument("--backward", nargs="*", default=["tiled", "fa2", "fa2-atomic"],
                       metavar="KERNEL",
-                      help="backward kernels to tune (tiled, fa2, fa2-atomic, fa2-tc; none: forward only)")
+                      help="backward kernels to tune (tiled, fa2, fa2-atomic, fa2-ffma; none: forward only)")
     tune.add_argument("--n", type=int, default=2048, help="sequence length (default 2048)")
     p_fuzz = sub.add_parser("fuzz", help="run the properties as a campaign; save failures")
     p_fuzz.add_argument("--profile", choices=("ci", "dev", "gpu", "nightly"), default=None,

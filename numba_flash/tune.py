@@ -49,7 +49,8 @@ BACKWARD_CONFIGS = {
                    (32, 32, (8, 16)), (128, 64, (16, 16))],
     # fa2-atomic configurations may carry a fourth entry, vector_atomics (None: where possible),
     # a fifth, prefetch of the next Q and dO tiles (missing: run_backward's default, on in
-    # float32), and a sixth, tensor_cores (the accumulating products on tensor cores, 3xTF32)
+    # float32), a sixth, tensor_cores (the accumulating products on tensor cores, 3xTF32;
+    # missing: on in float32), a seventh, dp_tensor_cores, and an eighth, p_in_registers
     ("fa2-atomic", 64): [(64, 128, (16, 16), False, True), (64, 128, (16, 16), True, False),
                          (64, 128, (16, 16), True, True), (64, 64, (16, 16), True, True),
                          (128, 64, (16, 16), True, True), (64, 128, (32, 8), True, True),
@@ -61,8 +62,9 @@ BACKWARD_CONFIGS = {
                           (64, 32, (16, 16), True, True), (64, 64, (16, 16), None, False, True),
                           (64, 64, (16, 16), None, True, True),
                           (32, 64, (8, 16), None, True, True)],
-    ("fa2-tc", 64): [(64, 128, (16, 16)), (64, 64, (16, 16)), (64, 128, (16, 16), None, False)],
-    ("fa2-tc", 128): [(64, 64, (16, 16)), (32, 64, (8, 16)), (64, 64, (16, 16), None, False)],
+    ("fa2-ffma", 64): [(64, 128, (16, 16)), (64, 64, (16, 16)),
+                       (64, 128, (16, 16), None, False)],
+    ("fa2-ffma", 128): [(64, 64, (16, 16)), (32, 64, (8, 16)), (64, 64, (16, 16), None, False)],
 }
 
 

@@ -20,7 +20,7 @@ for d, (bm, bn) in ((64, (64, 128)), (128, (64, 64))):
         q, k, v, do = (cuda.to_device(rng.standard_normal((bh, n, d), dtype=np.float32)) for _ in range(4))
         out, lse = tune._launch_forward((128, 64, (16, 16)), q, k, v, kernel="fa2")
         flops = 2.5 * ref.forward_flops(n, n, d, False, bh)
-        configs = {"FFMA": (bm, bn, (16, 16), True, True),
+        configs = {"FFMA": (bm, bn, (16, 16), True, True, False),
                    "tensor cores": (bm, bn, (16, 16), None, True, True),
                    "tensor cores + dP": (bm, bn, (16, 16), None, True, True, True, False),
                    "tensor cores + dP, P in registers":
@@ -30,7 +30,7 @@ for d, (bm, bn) in ((64, (64, 128)), (128, (64, 64))):
                                                             True, True)
             configs["tensor cores + dP, 32 x 128"] = (32, 128, (16, 16), None, True, True, True,
                                                       False)
-            configs["FFMA, 32 x 128"] = (32, 128, (16, 16), True, True)
+            configs["FFMA, 32 x 128"] = (32, 128, (16, 16), True, True, False)
         bm_r, bn_r = configs["tensor cores + dP, P in registers"][:2]
         configs["tensor cores + dP, P in registers, no prefetch"] = (
             bm_r, bn_r, (16, 16), None, False, True, True, True)

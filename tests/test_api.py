@@ -120,16 +120,21 @@ def test_fa2_backward_compiles_once_per_padded_head_dim():
 
 
 def test_fa2_atomic_adds_dq_with_atomics_unless_deterministic():
+    # fa2-ffma: fa2-atomic's FFMA products, the same dK and dV sums as fa2's
     q, k, v, dout = Case("atomic", 1, 2, 1, 21, 30, 12, causal=True).inputs(np.float32)
     out, lse = flash_attention_forward(q, k, v, causal=True)
     run = functools.partial(flash_attention_backward, dout, q, k, v, out, lse, causal=True,
                             block_m=16, block_n=16)
-    fa2, atomic = run(kernel="fa2"), run(kernel="fa2-atomic")
+    fa2, atomic = run(kernel="fa2"), run(kernel="fa2-ffma")
     exact = run(kernel="fa2-atomic", deterministic=True)
     assert all(np.array_equal(a, b) for a, b in zip(exact, fa2))     # the dQ kernel's path
     assert np.array_equal(atomic[1], fa2[1]) and np.array_equal(atomic[2], fa2[2])  # dk, dv
     assert all(c.ok for c in check_backward(dout, q, k, v, *atomic, causal=True))
     assert not np.array_equal(atomic[0], fa2[0])   # dq summed in another order (one launch)
+    # the default in float32 puts the accumulating products on tensor cores: other sums
+    tensor_cores = run(kernel="fa2-atomic")
+    assert all(c.ok for c in check_backward(dout, q, k, v, *tensor_cores, causal=True))
+    assert not np.array_equal(tensor_cores[2], fa2[2])
 
 
 def test_deterministic_runs_the_registered_twin_at_its_own_tiles(monkeypatch):

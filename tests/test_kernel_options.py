@@ -92,7 +92,10 @@ def test_by_default_aligned_arrays_take_the_vector_path_and_misaligned_the_scala
 
 def run_fa2_backward(case, dtype=np.float32, dq=None, block_m=16, block_n=16, **options):
     """(dout, q, k, v), [dq, dk, dv] from backward_fa2.run_backward with `options`
-    (dq_atomic, vector_atomics, prefetch), out and lse from the default forward."""
+    (dq_atomic, vector_atomics, prefetch, tensor_cores: False unless given, so that the FFMA
+    products are what the other options are tested on), out and lse from the default
+    forward."""
+    options.setdefault("tensor_cores", False)
     q, k, v, dout = case.inputs(dtype)
     out, lse = flash_attention_forward(q, k, v, causal=case.causal)
     d = q.shape[-1]
@@ -180,6 +183,22 @@ def test_prefetch_is_on_by_default_where_it_was_timed(monkeypatch, dtype, dq_ato
         return make(*args)
     monkeypatch.setattr(backward_fa2, "make_dkdv_kernel", recording)
     run_fa2_backward(Case("default", 1, 1, 1, 5, 7, 8), dtype, dq_atomic=dq_atomic)
+    assert seen == [expected]
+
+
+@pytest.mark.parametrize("dtype, dq_atomic, expected", [(np.float32, True, None),
+                                                        (np.float32, False, False),
+                                                        (np.float64, True, False)])
+def test_tensor_cores_by_default_where_they_were_timed(monkeypatch, dtype, dq_atomic, expected):
+    seen = []
+    make = backward_fa2.make_dkdv_kernel
+
+    def recording(*args):
+        seen.append(args[9])                       # tensor_cores, as run_backward passes it
+        return make(*args)
+    monkeypatch.setattr(backward_fa2, "make_dkdv_kernel", recording)
+    run_fa2_backward(Case("default", 1, 1, 1, 5, 7, 8), dtype, dq_atomic=dq_atomic,
+                     tensor_cores="default")
     assert seen == [expected]
 
 

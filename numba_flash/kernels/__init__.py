@@ -66,14 +66,14 @@ def register_backward(name, run, default_blocks, when_deterministic=None):
 register_backward("tiled", backward.run_backward, backward.default_blocks)
 register_backward("fa2", backward_fa2.run_backward, backward_fa2.default_blocks)
 # dQ accumulated by the dK/dV kernel with atomics (5 matmuls' work, not 7): the default since
-# its GPU runs on 2026-11-29 (README, Numbers); deterministic=True runs fa2 instead
+# its GPU runs on 2026-11-29 (README, Numbers); deterministic=True runs fa2 instead. In float32
+# its accumulating products run on tensor cores (3xTF32; backward_fa2.tensor_cores_by_default)
 register_backward("fa2-atomic", functools.partial(backward_fa2.run_backward, dq_atomic=True),
                   backward_fa2.default_blocks_atomic, when_deterministic="fa2")
-# fa2-atomic with its accumulating products on tensor cores (3xTF32) where they can run
-# (float32); an experiment, not the default: a tie to 4.5 % ahead of fa2-atomic on an H200
-# (2026-11-29, README "Tensor cores, first step")
-register_backward("fa2-tc", functools.partial(backward_fa2.run_backward, dq_atomic=True,
-                                              tensor_cores=None),
+# fa2-atomic with every product an FFMA sum (tensor_cores=False): the default until the
+# tensor-core products were timed ahead of it (2026-11-29), kept to compare against
+register_backward("fa2-ffma", functools.partial(backward_fa2.run_backward, dq_atomic=True,
+                                                tensor_cores=False),
                   backward_fa2.default_blocks_atomic, when_deterministic="fa2")
 
 DEFAULT_BACKWARD = "fa2-atomic"

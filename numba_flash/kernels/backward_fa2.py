@@ -630,15 +630,28 @@ def prefetch_by_default(dtype, dq_atomic):
     return np.dtype(dtype) == np.float32 and bool(dq_atomic)
 
 
+def tensor_cores_by_default(dtype, dq_atomic):
+    """run_backward's tensor_cores when not told: None (where they can run) in float32 with dQ
+    by atomics (fa2-atomic), False elsewhere. Timed on an H200 (2026-11-29,
+    tests/ab_tensor_cores.py, N = 1k / 2k, two runs of two rounds each, against the FFMA
+    products, TFLOP/s): d = 64 22.8-23.9 against 22.2-22.6 and 27.2-27.4 against 25.9-26.2;
+    d = 128 21.1-22.0 against 21.2-22.0 and 24.5-24.8 against 24.0-24.3: a tie to 6 % ahead,
+    never behind by more than the noise. The fa2 backward and float64 have no tensor-core
+    path timed (float64 has none)."""
+    return None if np.dtype(dtype) == np.float32 and bool(dq_atomic) else False
+
+
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None,
-                 prefetch=None, tensor_cores=False, dp_tensor_cores=False, p_in_registers=None):
+                 prefetch=None, tensor_cores="default", dp_tensor_cores=False,
+                 p_in_registers=None):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
     backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
     "fa2-atomic" variant, which the API replaces by "fa2" when deterministic=True);
-    vector_atomics (with dq_atomic only), prefetch (None: prefetch_by_default), tensor_cores:
-    see make_dkdv_kernel."""
+    vector_atomics (with dq_atomic only), prefetch (None: prefetch_by_default), tensor_cores
+    ("default": tensor_cores_by_default), dp_tensor_cores, p_in_registers: see
+    make_dkdv_kernel."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -647,6 +660,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     atomic = bool(dq_atomic)
     if prefetch is None:
         prefetch = prefetch_by_default(dtype, atomic)
+    if tensor_cores == "default":
+        tensor_cores = tensor_cores_by_default(dtype, atomic)
     D = arrays.empty_device((bh, nq), dtype)
     pre, tpb = make_preprocess_kernel(d, dtype, clear=atomic)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
