@@ -389,7 +389,7 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         regs_kv = mma_from_fragments(block_n, block_m, c["D_PAD"], threads[0] * threads[1] // WARP,
                                      c["D_ROW"])
 
-    @cuda.jit
+    @kernel_jit(TX * TY)
     def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
         sm = cuda.shared.array(0, T, alignment=ALIGN)
         kvh = U(cuda.blockIdx.y)                       # index into B*Hk
@@ -548,6 +548,19 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
 
     check = require_aligned((DQ_ARG,), "vector_atomics needs dq")
     return DynamicSharedKernel(dkdv_fa2, c["nbytes"], check=check if RED4 else None), (TX, TY)
+
+
+REGISTERS = 65536        # 32-bit registers per SM (sm_80 and sm_90)
+
+
+def kernel_jit(threads):
+    """cuda.jit for a kernel of `threads` threads per block: above 256 threads, with
+    max_registers = REGISTERS // threads, so that one block fits on an SM at all (ptxas takes
+    up to 255 per thread when not told, which 512 threads cannot have: the launch would fail);
+    at 256 or fewer, plain cuda.jit (the default kernels' code is as it was timed)."""
+    if threads > 256 and not SIMULATOR:
+        return cuda.jit(max_registers=REGISTERS // threads)
+    return cuda.jit
 
 
 def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
