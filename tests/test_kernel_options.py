@@ -171,35 +171,27 @@ def test_prefetch_gives_the_same_bits(dtype, dq_atomic):
     np.testing.assert_allclose(got[0], ref[0], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("dtype, dq_atomic, expected", [(np.float32, True, True),
-                                                        (np.float32, False, False),
-                                                        (np.float64, True, False)])
-def test_prefetch_is_on_by_default_where_it_was_timed(monkeypatch, dtype, dq_atomic, expected):
+# run_backward's defaults where they were timed (float32, dQ by atomics: fa2-atomic) and only
+# there: (make_dkdv_kernel's positional argument as run_backward passes it, the option as the
+# tests' helper must pass it to get run_backward's default, expected where timed)
+DEFAULTS = {"prefetch": (8, None, True), "tensor_cores": (9, "default", None)}
+
+
+@pytest.mark.parametrize("option", sorted(DEFAULTS))
+@pytest.mark.parametrize("dtype, dq_atomic", [(np.float32, True), (np.float32, False),
+                                              (np.float64, True)])
+def test_defaults_apply_where_they_were_timed(monkeypatch, option, dtype, dq_atomic):
+    position, default, timed = DEFAULTS[option]
     seen = []
     make = backward_fa2.make_dkdv_kernel
 
     def recording(*args):
-        seen.append(args[8])                       # prefetch, as run_backward passes it
-        return make(*args)
-    monkeypatch.setattr(backward_fa2, "make_dkdv_kernel", recording)
-    run_fa2_backward(Case("default", 1, 1, 1, 5, 7, 8), dtype, dq_atomic=dq_atomic)
-    assert seen == [expected]
-
-
-@pytest.mark.parametrize("dtype, dq_atomic, expected", [(np.float32, True, None),
-                                                        (np.float32, False, False),
-                                                        (np.float64, True, False)])
-def test_tensor_cores_by_default_where_they_were_timed(monkeypatch, dtype, dq_atomic, expected):
-    seen = []
-    make = backward_fa2.make_dkdv_kernel
-
-    def recording(*args):
-        seen.append(args[9])                       # tensor_cores, as run_backward passes it
+        seen.append(args[position])
         return make(*args)
     monkeypatch.setattr(backward_fa2, "make_dkdv_kernel", recording)
     run_fa2_backward(Case("default", 1, 1, 1, 5, 7, 8), dtype, dq_atomic=dq_atomic,
-                     tensor_cores="default")
-    assert seen == [expected]
+                     **{option: default})
+    assert seen == [timed if dtype == np.float32 and dq_atomic else False]
 
 
 @pytest.mark.gpu
