@@ -263,7 +263,8 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     that split into 16 x 8 fragments over whole warps (True: else ValueError; None: where they
     can, FFMA elsewhere). dQ is added from the fragments, which hold pairs of adjacent columns:
     vector_atomics there means one red.global.add.v2.f32 per pair (vector_io.add2; same
-    conditions and alignment check as above). An experiment, off by default (False).
+    conditions and alignment check as above). False here by default; run_backward turns it on
+    where it was timed (tensor_cores_by_default: float32 with dq_atomic).
     dp_tensor_cores (with tensor_cores): dP^T = V dO^T on tensor cores too, and S^T by FFMA in
     the forward's order at the positions of the fragments (fa2_mma's dot), so that P and dS are
     formed in registers from the two; needs the block_n x block_m tile in 16 x 8 fragments.

@@ -3,6 +3,10 @@ over its warps in mma fragments (mma.py), each product float32-accurate by the 3
 
     accumulate(sm, w_off, x_off, length, acc, warp, lane)
         acc += W[rows, 0:length] X[0:length, cols]        (dV += P^T dO, dK += dS^T Q, dQ += dS K)
+    accumulate_t(...)   the same with X stored transposed, X[k, c] at c * X_ROW + k  (dP^T = V dO^T)
+    dot(sm, a_off, b_off, length, acc, warp, lane)
+        acc = W[rows, 0:length] X[cols, 0:length]^T by FFMA in the forward's order (S^T = K Q^T)
+    mma_from_fragments(...)   acc += A X with A the warp's own fragments (P^T, dS^T in registers)
 
 W and X live in one shared array, both row-major, W rows W_ROW apart, X rows X_ROW apart. Warp
 `warp` owns MT x NT fragments: row tiles of 16 starting at (warp // WN) * 16 * MT, column tiles of
