@@ -1,0 +1,201 @@
+"""Hopper wgmma probe, for a GPU (not a pytest module): can a Numba kernel issue
+`wgmma.mma_async.m64nNk8.f32.tf32.tf32` (sm_90a; numba-cuda compiles for sm_90a on a CC 9.0
+device) with both operands in shared memory, which shared-memory layout and descriptor fields
+give the right product, and how fast it runs beside mma.sync (280-309 TFLOP/s, mma_probe.py).
+What a wgmma version of the fa2 kernels would rest on:
+
+    python tests/wgmma_probe.py
+
+Operands are K-major (the only layout wgmma takes for tf32): A is M x K and B is stored as
+N x K, each as "core matrices" of 8 rows x 16 bytes (8 x 4 tf32), a core matrix's rows
+contiguous, without swizzling. A descriptor holds the start address, LBO and SBO (bytes >> 4;
+PTX ISA "Matrix Descriptor"): LBO the distance between core matrices adjacent along K, SBO along
+M (or N). Two placements of the core matrices are tried: K-neighbours next to each other
+(LBO = 128, SBO = 128 * K / 4) and M-neighbours next to each other (LBO = 128 * M / 8,
+SBO = 128); the one whose product matches NumPy tells how the hardware reads the fields.
+"""
+import time
+
+import numpy as np
+from llvmlite import ir
+from numba import cuda, types, uint32, uint64
+from numba.cuda.extending import intrinsic
+
+from numba_flash.kernels.mma import round_tf32_host
+
+
+def _shared_address_codegen(context, builder, sig, args):
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    generic = builder.ptrtoint(ary.data, ir.IntType(64))
+    asm = ir.InlineAsm(ir.FunctionType(ir.IntType(64), [ir.IntType(64)]),
+                       "cvta.to.shared.u64 $0, $1;", "=l,l")
+    return builder.trunc(builder.call(asm, [generic]), ir.IntType(32))
+
+
+@intrinsic
+def shared_address(typingctx, arr):
+    """The shared-window address (u32) of a shared array's first element."""
+    return types.uint32(arr), _shared_address_codegen
+
+
+def _wgmma_intrinsic(n, chain):
+    """wgmma m64n{n}k8 tf32, `chain` times on the same accumulators, then commit and wait."""
+    regs = n // 2
+    outs = ", ".join(f"${i}" for i in range(regs))
+    lines = ["{", ".reg .pred p;", f"setp.ne.b32 p, ${regs + 2}, 0;", "wgmma.fence.sync.aligned;"]
+    for c in range(chain):
+        scale = "p" if c == 0 else "1"
+        lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 "
+                     f"{{{outs}}}, ${regs}, ${regs + 1}, {scale}, 1, 1;")
+    lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+    text = "\n".join(lines)
+    constraints = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)])
+
+    result = types.UniTuple(types.float32, regs)
+
+    def emit(context, builder, acc_in, desc_a, desc_b, accumulate):
+        f32 = ir.FloatType()
+        fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
+                             [ir.IntType(64), ir.IntType(64), ir.IntType(32)] + [f32] * regs)
+        asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
+        res = builder.call(asm, [desc_a, desc_b, accumulate] + acc_in)
+        return context.make_tuple(builder, result, [builder.extract_value(res, i)
+                                                    for i in range(regs)])
+
+    @intrinsic
+    def wgmma(typingctx, acc, desc_a, desc_b, accumulate):
+        """acc (a tuple of n / 2 float32) += A B^T, or = A B^T where accumulate is 0."""
+        if acc != result:
+            return None
+
+        def codegen(context, builder, sig, args):
+            acc_in = [builder.extract_value(args[0], i) for i in range(regs)]
+            return emit(context, builder, acc_in, args[1], args[2], args[3])
+        return result(acc, desc_a, desc_b, accumulate), codegen
+
+    @intrinsic
+    def wgmma_first(typingctx, desc_a, desc_b):
+        """A B^T into a fresh tuple of n / 2 float32."""
+        def codegen(context, builder, sig, args):
+            zero = ir.Constant(ir.FloatType(), 0.0)
+            return emit(context, builder, [zero] * regs, args[0], args[1],
+                        ir.Constant(ir.IntType(32), 0))
+        return result(desc_a, desc_b), codegen
+    return wgmma, wgmma_first
+
+
+@intrinsic
+def fence_proxy_async(typingctx):
+    """Make this thread's shared-memory writes visible to wgmma (the async proxy)."""
+    sig = types.void()
+
+    def codegen(context, builder, sig, args):
+        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "fence.proxy.async.shared::cta;",
+                           "", side_effect=True)
+        builder.call(asm, [])
+        return context.get_dummy_value()
+    return sig, codegen
+
+
+def descriptor_fields(rows, mode):
+    """(LBO, SBO) in bytes and the byte offsets of the next core matrix along rows and along K
+    for a rows x 8 K-major tile; mode 0 puts K-neighbours next to each other."""
+    if mode == 0:
+        return 128, 256, 256, 128
+    return 128 * (rows // 8), 128, 128, 128 * (rows // 8)
+
+
+def make_product_kernel(n, mode):
+    _, wgmma_first = _wgmma_intrinsic(n, 1)
+    lbo_a, sbo_a, ra, ka = descriptor_fields(64, mode)
+    lbo_b, sbo_b, rb, kb = descriptor_fields(n, mode)
+    regs = n // 2
+    A_FLOATS = 64 * 8
+
+    @cuda.jit(device=True)
+    def desc(addr, lbo, sbo):
+        return (uint64((addr & 0x3FFFF) >> 4) | (uint64(lbo >> 4) << 16)
+                | (uint64(sbo >> 4) << 32))
+
+    @cuda.jit
+    def product(A, B, D):
+        """D (64 x n) = A (64 x 8) B^T (B: n x 8), one warpgroup."""
+        sm = cuda.shared.array(64 * 8 + 128 * 8, types.float32, alignment=128)
+        tid = cuda.threadIdx.x
+        for i in range(tid, 64 * 8, 128):
+            r, k = i // 8, i % 8
+            sm[((r // 8) * ra + (k // 4) * ka + (r % 8) * 16 + (k % 4) * 4) // 4] = A[r, k]
+        for i in range(tid, n * 8, 128):
+            r, k = i // 8, i % 8
+            sm[A_FLOATS + ((r // 8) * rb + (k // 4) * kb + (r % 8) * 16 + (k % 4) * 4) // 4] = B[r, k]
+        fence_proxy_async()
+        cuda.syncthreads()
+        base = shared_address(sm)
+        acc = wgmma_first(desc(base, lbo_a, sbo_a),
+                          desc(base + uint32(4 * A_FLOATS), lbo_b, sbo_b))
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        for j in range(regs):
+            row = warp * 16 + g + 8 * ((j % 4) // 2)
+            col = (j // 4) * 8 + 2 * t + j % 2
+            D[row, col] = acc[j]
+    return product
+
+
+def make_throughput_kernel(n, chain):
+    wgmma, wgmma_first = _wgmma_intrinsic(n, chain)
+    regs = n // 2
+
+    @cuda.jit
+    def spin(out, iters):
+        sm = cuda.shared.array(64 * 8 + 256 * 8, types.float32, alignment=128)
+        tid = cuda.threadIdx.x
+        for i in range(tid, sm.size, cuda.blockDim.x):
+            sm[i] = types.float32(1.0 / (1 + i % 7))
+        fence_proxy_async()
+        cuda.syncthreads()
+        base = shared_address(sm)
+        da = uint64((base & 0x3FFFF) >> 4) | (uint64(8) << 16) | (uint64(16) << 32)
+        db = uint64(((base + uint32(2048)) & 0x3FFFF) >> 4) | (uint64(8) << 16) | (uint64(16) << 32)
+        acc = wgmma_first(da, db)
+        for it in range(1, iters):
+            acc = wgmma(acc, da, db, uint32(1))
+        s = types.float32(0.0)
+        for j in range(regs):
+            s += acc[j]
+        out[cuda.blockIdx.x * cuda.blockDim.x + tid] = s
+    return spin
+
+
+def main():
+    rng = np.random.default_rng(0)
+    for n in (8, 64, 128):
+        A = round_tf32_host(rng.standard_normal((64, 8)).astype(np.float32))
+        B = round_tf32_host(rng.standard_normal((n, 8)).astype(np.float32))
+        truth = A.astype(np.float64) @ B.astype(np.float64).T
+        for mode in (0, 1):
+            D = cuda.to_device(np.full((64, n), np.nan, np.float32))
+            make_product_kernel(n, mode)[1, 128](cuda.to_device(A), cuda.to_device(B), D)
+            err = np.nanmax(np.abs(D.copy_to_host() - truth)) if not np.isnan(D.copy_to_host()).all() else np.nan
+            print(f"m64n{n}k8 layout {mode} (LBO, SBO) = {descriptor_fields(64, mode)[:2]} for A: "
+                  f"max |D - A B^T| = {err:.3g} (|A B^T| up to {np.abs(truth).max():.3g})",
+                  flush=True)
+    sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
+    for n, chain, warpgroups in ((128, 8, 1), (128, 8, 2), (64, 8, 2)):
+        kern = make_throughput_kernel(n, chain)
+        threads = 128 * warpgroups
+        out = cuda.device_array(sms * threads, np.float32)
+        kern[sms, threads](out, 10)
+        cuda.synchronize()
+        iters = 4000
+        t0 = time.perf_counter()
+        kern[sms, threads](out, iters)
+        cuda.synchronize()
+        dt = time.perf_counter() - t0
+        flops = 2.0 * 64 * n * 8 * chain * iters * sms * warpgroups
+        print(f"wgmma m64n{n}k8 tf32, {chain} per wait, {warpgroups} warpgroup(s) per SM: "
+              f"{flops / dt / 1e12:.0f} TFLOP/s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
