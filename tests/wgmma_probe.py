@@ -17,9 +17,15 @@ M-neighbours next to each other (LBO = 128 * M / 8, SBO = 128).
 On an H200 (2026-11-29 23:42 UTC, numba-cuda 0.30.4): both placements give A B^T to 8e-7 on
 TF32-rounded normal inputs (|A B^T| up to 14) at N = 8, 64 and 128, so that reading holds; the
 SASS has HGMMA.64x128x8.F32.TF32 with gdesc operands; throughput 407 TFLOP/s with one warpgroup
-per SM (m64n128k8, 8 per commit and wait), 467 with two, 443 with two at m64n64k8, against
-280-309 for mma.sync m16n8k8 (mma_probe.py). One wgmma does the work of 64 mma.sync of a
-warpgroup's 4 warps and reads its operands from shared memory itself.
+per SM (m64n128k8, 8 per commit and wait), 464-467 with two, 443-446 with two at m64n64k8,
+against 280-309 for mma.sync m16n8k8 (mma_probe.py). One wgmma does the work of 64 mma.sync of a
+warpgroup's 4 warps and reads its operands from shared memory itself. A from registers (each
+warp's 16 rows as the mma.m16n8k8 A fragment) gives the same products (23:45 UTC). 3xTF32 with A
+and B split once into big and small parts in shared memory, 10 draws each, max error in units of
+roundoff of sum |ab| (M = 64, N = 16): each 8-long step from zero and added in float32 2.2-2.3
+(normal) and 3.5-3.9 (all positive) at K = 32 and 64; the steps chained in the accumulator 5.3-8.1
+and 11-19, growing with K; NumPy float32 1.2-2.6. So, as with mma.sync, each step is summed from
+zero and added outside the tensor core.
 """
 import time
 
@@ -28,7 +34,7 @@ from llvmlite import ir
 from numba import cuda, types, uint32, uint64
 from numba.cuda.extending import intrinsic
 
-from numba_flash.kernels.mma import round_tf32_host
+from numba_flash.kernels.mma import round_tf32_host, split_tf32
 
 
 def _shared_address_codegen(context, builder, sig, args):
@@ -45,27 +51,39 @@ def shared_address(typingctx, arr):
     return types.uint32(arr), _shared_address_codegen
 
 
-def _wgmma_intrinsic(n, chain):
-    """wgmma m64n{n}k8 tf32, `chain` times on the same accumulators, then commit and wait."""
+def _wgmma_intrinsic(n, chain, a_in_registers=False):
+    """wgmma m64n{n}k8 tf32, `chain` times on the same accumulators, then commit and wait; A
+    from a shared-memory descriptor (u64) or, with a_in_registers, from a tuple of 4 float32
+    per thread (the mma.m16n8k8 A fragment of the thread's warp's 16 rows)."""
     regs = n // 2
     outs = ", ".join(f"${i}" for i in range(regs))
-    lines = ["{", ".reg .pred p;", f"setp.ne.b32 p, ${regs + 2}, 0;", "wgmma.fence.sync.aligned;"]
+    a_operand = (f"{{${regs}, ${regs + 1}, ${regs + 2}, ${regs + 3}}}" if a_in_registers
+                 else f"${regs}")
+    b_at = regs + (4 if a_in_registers else 1)
+    lines = ["{", ".reg .pred p;", f"setp.ne.b32 p, ${b_at + 1}, 0;", "wgmma.fence.sync.aligned;"]
     for c in range(chain):
         scale = "p" if c == 0 else "1"
         lines.append(f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 "
-                     f"{{{outs}}}, ${regs}, ${regs + 1}, {scale}, 1, 1;")
+                     f"{{{outs}}}, {a_operand}, ${b_at}, {scale}, 1, 1;")
     lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
     text = "\n".join(lines)
-    constraints = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)])
+    a_constraints = ["r"] * 4 if a_in_registers else ["l"]
+    constraints = ",".join(["=f"] * regs + a_constraints + ["l", "r"]
+                           + [str(i) for i in range(regs)])
+    a_types = [ir.IntType(32)] * 4 if a_in_registers else [ir.IntType(64)]
 
     result = types.UniTuple(types.float32, regs)
 
-    def emit(context, builder, acc_in, desc_a, desc_b, accumulate):
+    def emit(context, builder, acc_in, a, desc_b, accumulate):
         f32 = ir.FloatType()
         fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
-                             [ir.IntType(64), ir.IntType(64), ir.IntType(32)] + [f32] * regs)
+                             a_types + [ir.IntType(64), ir.IntType(32)] + [f32] * regs)
         asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
-        res = builder.call(asm, [desc_a, desc_b, accumulate] + acc_in)
+        if a_in_registers:
+            a = [builder.bitcast(builder.extract_value(a, i), ir.IntType(32)) for i in range(4)]
+        else:
+            a = [a]
+        res = builder.call(asm, a + [desc_b, accumulate] + acc_in)
         return context.make_tuple(builder, result, [builder.extract_value(res, i)
                                                     for i in range(regs)])
 
@@ -149,6 +167,97 @@ def make_product_kernel(n, mode):
     return product
 
 
+def make_register_a_kernel(n):
+    """As make_product_kernel (placement 0), A from registers: each thread loads the mma.m16n8k8
+    A fragment of its warp's 16 rows."""
+    _, first = _wgmma_intrinsic(n, 1, a_in_registers=True)
+    lbo_b, sbo_b, rb, kb = descriptor_fields(n, 0)
+    regs = n // 2
+
+    @cuda.jit
+    def product(A, B, D):
+        sm = cuda.shared.array(128 * 8, types.float32, alignment=128)
+        tid = cuda.threadIdx.x
+        for i in range(tid, n * 8, 128):
+            r, k = i // 8, i % 8
+            sm[((r // 8) * rb + (k // 4) * kb + (r % 8) * 16 + (k % 4) * 4) // 4] = B[r, k]
+        fence_proxy_async()
+        cuda.syncthreads()
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        r0 = warp * 16 + g
+        a = (A[r0, t], A[r0 + 8, t], A[r0, t + 4], A[r0 + 8, t + 4])
+        base = shared_address(sm)
+        desc_b = (uint64((base & 0x3FFFF) >> 4) | (uint64(lbo_b >> 4) << 16)
+                  | (uint64(sbo_b >> 4) << 32))
+        acc = first(a, desc_b)
+        for j in range(regs):
+            D[warp * 16 + g + 8 * ((j % 4) // 2), (j // 4) * 8 + 2 * t + j % 2] = acc[j]
+    return product
+
+
+def make_accuracy_kernel(n, K, chained):
+    """D (64 x n) = A (64 x K) B^T (B: n x K) by 3xTF32 on wgmma: A and B split once into big and
+    small TF32 parts in shared memory (placement 0, K / 4 core matrices along K); each 8-long
+    step as small*big + big*small + big*big on the tensor core, then either added into a float32
+    running sum (each step from zero, as fa2_mma does) or, chained, left in the accumulator."""
+    wgmma, first = _wgmma_intrinsic(n, 1)
+    regs = n // 2
+    KC = K // 4                                    # core matrices along K
+    A_F, B_F = 64 * K, n * K                       # floats per part
+    SBO_A = SBO_B = 128 * KC
+
+    @cuda.jit(device=True)
+    def desc(addr, sbo):
+        return (uint64((addr & 0x3FFFF) >> 4) | (uint64(128 >> 4) << 16)
+                | (uint64(sbo >> 4) << 32))
+
+    @cuda.jit(device=True)
+    def offset(r, k):
+        return ((r // 8) * KC + k // 4) * 32 + (r % 8) * 4 + k % 4
+
+    @cuda.jit
+    def product(A, B, D):
+        sm = cuda.shared.array(2 * (64 * 64 + 16 * 64), types.float32, alignment=128)
+        tid = cuda.threadIdx.x
+        for i in range(tid, A_F, 128):
+            big, small = split_tf32(A[i // K, i % K])
+            sm[offset(i // K, i % K)] = big
+            sm[A_F + offset(i // K, i % K)] = small
+        for i in range(tid, B_F, 128):
+            big, small = split_tf32(B[i // K, i % K])
+            sm[2 * A_F + offset(i // K, i % K)] = big
+            sm[2 * A_F + B_F + offset(i // K, i % K)] = small
+        fence_proxy_async()
+        cuda.syncthreads()
+        base = shared_address(sm)
+        total = cuda.local.array(64, types.float32)
+        for j in range(regs):
+            total[j] = types.float32(0.0)
+        acc = first(desc(base + uint32(4 * A_F), SBO_A), desc(base + uint32(8 * A_F), SBO_B))
+        for s in range(K // 8):
+            step = uint32(256 * s)                 # two core matrices along K per step
+            a_big, a_small = desc(base + step, SBO_A), desc(base + uint32(4 * A_F) + step, SBO_A)
+            b_big = desc(base + uint32(8 * A_F) + step, SBO_B)
+            b_small = desc(base + uint32(8 * A_F + 4 * B_F) + step, SBO_B)
+            if chained:
+                if s > 0:
+                    acc = wgmma(acc, a_small, b_big, uint32(1))
+            else:
+                acc = first(a_small, b_big)
+            acc = wgmma(acc, a_big, b_small, uint32(1))
+            acc = wgmma(acc, a_big, b_big, uint32(1))
+            if not chained:
+                for j in range(regs):
+                    total[j] += acc[j]
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        for j in range(regs):
+            D[warp * 16 + g + 8 * ((j % 4) // 2), (j // 4) * 8 + 2 * t + j % 2] = (
+                acc[j] if chained else total[j])
+    return product
+
+
 def make_throughput_kernel(n, chain):
     wgmma, wgmma_first = _wgmma_intrinsic(n, chain)
     regs = n // 2
@@ -187,6 +296,37 @@ def main():
             print(f"m64n{n}k8 layout {mode} (LBO, SBO) = {descriptor_fields(64, mode)[:2]} for A: "
                   f"max |D - A B^T| = {err:.3g} (|A B^T| up to {np.abs(truth).max():.3g})",
                   flush=True)
+    for n in (8, 64):
+        A = round_tf32_host(rng.standard_normal((64, 8)).astype(np.float32))
+        B = round_tf32_host(rng.standard_normal((n, 8)).astype(np.float32))
+        truth = A.astype(np.float64) @ B.astype(np.float64).T
+        D = cuda.to_device(np.full((64, n), np.nan, np.float32))
+        make_register_a_kernel(n)[1, 128](cuda.to_device(A), cuda.to_device(B), D)
+        print(f"m64n{n}k8, A from registers: max |D - A B^T| = "
+              f"{np.max(np.abs(D.copy_to_host() - truth)):.3g}", flush=True)
+    u = 2.0 ** -24
+    n = 16
+    for K in (32, 64):
+        for regime in ("normal", "positive"):
+            worst = {}
+            for trial in range(10):
+                A = rng.standard_normal((64, K)); B = rng.standard_normal((n, K))
+                if regime == "positive":
+                    A, B = np.abs(A), np.abs(B)
+                A, B = A.astype(np.float32), B.astype(np.float32)
+                truth = A.astype(np.float64) @ B.astype(np.float64).T
+                scale = u * (np.abs(A).astype(np.float64) @ np.abs(B).astype(np.float64).T)
+                for chained in (False, True):
+                    D = cuda.to_device(np.zeros((64, n), np.float32))
+                    make_accuracy_kernel(n, K, chained)[1, 128](cuda.to_device(A),
+                                                                cuda.to_device(B), D)
+                    err = np.max(np.abs(D.copy_to_host() - truth) / scale)
+                    worst[chained] = max(worst.get(chained, 0), err)
+                err = np.max(np.abs((A @ B.T).astype(np.float64) - truth) / scale)
+                worst["numpy"] = max(worst.get("numpy", 0), err)
+            print(f"3xTF32 on wgmma, K = {K}, {regime}: max error / (u sum|ab|): steps from zero "
+                  f"{worst[False]:.2f}, chained {worst[True]:.2f}, NumPy float32 "
+                  f"{worst['numpy']:.2f}", flush=True)
     sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     for n, chain, warpgroups in ((128, 8, 1), (128, 8, 2), (64, 8, 2)):
         kern = make_throughput_kernel(n, chain)
