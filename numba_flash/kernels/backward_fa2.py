@@ -23,6 +23,9 @@ dQ kernel, per Q block (rows i owned by ty), over K/V blocks (columns j owned by
   end.
 S is summed in the forward's order (head dim ascending, one FMA per term, Q pre-scaled), so P
 is recomputed bit for bit (backward.py's docstring says why that matters at large logits).
+In float32 fa2-atomic's dV, dK and dQ products run on tensor cores (3xTF32, fa2_mma.py;
+`tensor_cores`, on by default there since 2026-11-29: a tie to 6 % ahead of FFMA on an H200);
+`dp_tensor_cores` and `p_in_registers` are measured experiments (README, "Tensor cores").
 """
 
 import functools
@@ -474,18 +477,18 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
                 else:
                     dot_rows(sm, uK, uQ, s, ty, tx)    # S^T[j, i], summed as the forward did
                     dot_rows(sm, uV, udO, dp, ty, tx)  # dP^T[j, i]
-                for a in range(TA if not DP_TC else 0):
-                    jl = ty + U(a) * uTY
-                    j = n0 + jl
-                    for b in range(TB):
-                        il = tx + U(b) * uTX
-                        i = m0 + il
-                        p = recompute_p(s[a, b], sm[uL + il], i, j, nq, nk)
-                        sm[uPT + jl * uWR + il] = p
-                        ds = p * (dp[a, b] - sm[uDv + il])
-                        sm[udST + jl * uWR + il] = ds
-                        if DQ_ATOMIC:
-                            sm[udS + il * uSR + jl] = ds
+                    for a in range(TA):
+                        jl = ty + U(a) * uTY
+                        j = n0 + jl
+                        for b in range(TB):
+                            il = tx + U(b) * uTX
+                            i = m0 + il
+                            p = recompute_p(s[a, b], sm[uL + il], i, j, nq, nk)
+                            sm[uPT + jl * uWR + il] = p
+                            ds = p * (dp[a, b] - sm[uDv + il])
+                            sm[udST + jl * uWR + il] = ds
+                            if DQ_ATOMIC:
+                                sm[udS + il * uSR + jl] = ds
                 if REGS:
                     # the warp's own rows of P^T and dS^T, from its registers
                     regs_kv(sm, s_frag, udO, dv_frag, warp, lane)      # dV += P^T dO
