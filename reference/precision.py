@@ -39,10 +39,15 @@ def step_3xtf32(w, x):
     forms it from the split inputs: big_w big_x + big_w small_x + small_w big_x, the products
     exact, summed in float64 and rounded once to float32 (an idealized tensor core: the real one
     truncates while it adds, so it can be a few units of roundoff off this)."""
-    wb, ws = split_tf32(w)
-    xb, xs = split_tf32(x)
-    exact = (wb.astype(np.float64) * xb + wb.astype(np.float64) * xs
-             + ws.astype(np.float64) * xb)
+    return step_3xtf32_parts(*split_tf32(w), *split_tf32(x))
+
+
+def step_3xtf32_parts(w_big, w_small, x_big, x_small):
+    """step_3xtf32 of inputs already split (TF32 values in float32 arrays, as a kernel stages
+    them once): big_w big_x + big_w small_x + small_w big_x over the last axis, the products
+    exact, summed in float64 and rounded once to float32."""
+    wb = np.asarray(w_big, dtype=np.float64)
+    exact = wb * x_big + wb * x_small + np.asarray(w_small, dtype=np.float64) * x_big
     return exact.sum(axis=-1).astype(np.float32)
 
 

@@ -25,7 +25,8 @@ and B split once into big and small parts in shared memory, 10 draws each, max e
 roundoff of sum |ab| (M = 64, N = 16): each 8-long step from zero and added in float32 2.2-2.3
 (normal) and 3.5-3.9 (all positive) at K = 32 and 64; the steps chained in the accumulator 5.3-8.1
 and 11-19, growing with K; NumPy float32 1.2-2.6. So, as with mma.sync, each step is summed from
-zero and added outside the tensor core.
+zero and added outside the tensor core. (shared_address and fence_proxy_async were defined here
+for those runs and have since moved, unchanged, to numba_flash/kernels/wgmma.py.)
 """
 import time
 
@@ -35,20 +36,7 @@ from numba import cuda, types, uint32, uint64
 from numba.cuda.extending import intrinsic
 
 from numba_flash.kernels.mma import round_tf32_host, split_tf32
-
-
-def _shared_address_codegen(context, builder, sig, args):
-    ary = context.make_array(sig.args[0])(context, builder, args[0])
-    generic = builder.ptrtoint(ary.data, ir.IntType(64))
-    asm = ir.InlineAsm(ir.FunctionType(ir.IntType(64), [ir.IntType(64)]),
-                       "cvta.to.shared.u64 $0, $1;", "=l,l")
-    return builder.trunc(builder.call(asm, [generic]), ir.IntType(32))
-
-
-@intrinsic
-def shared_address(typingctx, arr):
-    """The shared-window address (u32) of a shared array's first element."""
-    return types.uint32(arr), _shared_address_codegen
+from numba_flash.kernels.wgmma import fence_proxy_async, shared_address
 
 
 def _wgmma_intrinsic(n, chain, a_in_registers=False):
@@ -107,19 +95,6 @@ def _wgmma_intrinsic(n, chain, a_in_registers=False):
                         ir.Constant(ir.IntType(32), 0))
         return result(desc_a, desc_b), codegen
     return wgmma, wgmma_first
-
-
-@intrinsic
-def fence_proxy_async(typingctx):
-    """Make this thread's shared-memory writes visible to wgmma (the async proxy)."""
-    sig = types.void()
-
-    def codegen(context, builder, sig, args):
-        asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "fence.proxy.async.shared::cta;",
-                           "", side_effect=True)
-        builder.call(asm, [])
-        return context.get_dummy_value()
-    return sig, codegen
 
 
 def descriptor_fields(rows, mode):
