@@ -302,6 +302,18 @@ def main():
             print(f"3xTF32 on wgmma, K = {K}, {regime}: max error / (u sum|ab|): steps from zero "
                   f"{worst[False]:.2f}, chained {worst[True]:.2f}, NumPy float32 "
                   f"{worst['numpy']:.2f}", flush=True)
+    # does the tensor core give S = Q K^T and S^T = K Q^T the same bits? (the backward could
+    # then form S^T where the forward formed S; perf notes, version 12)
+    K = 32
+    A = rng.standard_normal((64, K)).astype(np.float32)
+    B = rng.standard_normal((64, K)).astype(np.float32)
+    kern = make_accuracy_kernel(64, K, False)
+    D1, D2 = (cuda.to_device(np.zeros((64, 64), np.float32)) for _ in range(2))
+    kern[1, 128](cuda.to_device(A), cuda.to_device(B), D1)
+    kern[1, 128](cuda.to_device(B), cuda.to_device(A), D2)
+    D1, D2 = D1.copy_to_host(), D2.copy_to_host()
+    print(f"3xTF32 on wgmma, A B^T against (B A^T)^T: bitwise equal {np.array_equal(D1, D2.T)}, "
+          f"{int(np.sum(D1 != D2.T))} of {D1.size} entries differ", flush=True)
     sms = cuda.get_current_device().MULTIPROCESSOR_COUNT
     for n, chain, warpgroups in ((128, 8, 1), (128, 8, 2), (64, 8, 2)):
         kern = make_throughput_kernel(n, chain)
