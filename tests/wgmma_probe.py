@@ -36,7 +36,7 @@ from numba import cuda, types, uint32, uint64
 from numba.cuda.extending import intrinsic
 
 from numba_flash.kernels.mma import round_tf32_host, split_tf32
-from numba_flash.kernels.wgmma import fence_proxy_async, shared_address
+from numba_flash.kernels.wgmma import core_offset, fence_proxy_async, shared_address
 
 
 def _wgmma_intrinsic(n, chain, a_in_registers=False):
@@ -105,17 +105,19 @@ def descriptor_fields(rows, mode):
     return 128 * (rows // 8), 128, 128, 128 * (rows // 8)
 
 
+@cuda.jit(device=True)
+def desc(addr, lbo, sbo):
+    """A shared-memory matrix descriptor: start address, LBO and SBO in bytes (>> 4 each)."""
+    return (uint64((addr & 0x3FFFF) >> 4) | (uint64(lbo >> 4) << 16)
+            | (uint64(sbo >> 4) << 32))
+
+
 def make_product_kernel(n, mode):
     _, wgmma_first = _wgmma_intrinsic(n, 1)
     lbo_a, sbo_a, ra, ka = descriptor_fields(64, mode)
     lbo_b, sbo_b, rb, kb = descriptor_fields(n, mode)
     regs = n // 2
     A_FLOATS = 64 * 8
-
-    @cuda.jit(device=True)
-    def desc(addr, lbo, sbo):
-        return (uint64((addr & 0x3FFFF) >> 4) | (uint64(lbo >> 4) << 16)
-                | (uint64(sbo >> 4) << 32))
 
     @cuda.jit
     def product(A, B, D):
@@ -183,13 +185,8 @@ def make_accuracy_kernel(n, K, chained):
     SBO_A = SBO_B = 128 * KC
 
     @cuda.jit(device=True)
-    def desc(addr, sbo):
-        return (uint64((addr & 0x3FFFF) >> 4) | (uint64(128 >> 4) << 16)
-                | (uint64(sbo >> 4) << 32))
-
-    @cuda.jit(device=True)
     def offset(r, k):
-        return ((r // 8) * KC + k // 4) * 32 + (r % 8) * 4 + k % 4
+        return core_offset(r, k, K)
 
     @cuda.jit
     def product(A, B, D):
@@ -209,12 +206,13 @@ def make_accuracy_kernel(n, K, chained):
         total = cuda.local.array(64, types.float32)
         for j in range(regs):
             total[j] = types.float32(0.0)
-        acc = first(desc(base + uint32(4 * A_F), SBO_A), desc(base + uint32(8 * A_F), SBO_B))
+        acc = first(desc(base + uint32(4 * A_F), 128, SBO_A), desc(base + uint32(8 * A_F), 128, SBO_B))
         for s in range(K // 8):
             step = uint32(256 * s)                 # two core matrices along K per step
-            a_big, a_small = desc(base + step, SBO_A), desc(base + uint32(4 * A_F) + step, SBO_A)
-            b_big = desc(base + uint32(8 * A_F) + step, SBO_B)
-            b_small = desc(base + uint32(8 * A_F + 4 * B_F) + step, SBO_B)
+            a_big = desc(base + step, 128, SBO_A)
+            a_small = desc(base + uint32(4 * A_F) + step, 128, SBO_A)
+            b_big = desc(base + uint32(8 * A_F) + step, 128, SBO_B)
+            b_small = desc(base + uint32(8 * A_F + 4 * B_F) + step, 128, SBO_B)
             if chained:
                 if s > 0:
                     acc = wgmma(acc, a_small, b_big, uint32(1))

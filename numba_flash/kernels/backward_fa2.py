@@ -37,8 +37,8 @@ from numba import cuda
 
 from .backward import make_preprocess_kernel
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
-                     ceil_div, check_block, check_shared_memory, check_head_dim, kv_head,
-                     numba_type)
+                     ceil_div, check_block, check_shared_memory, check_head_dim, kernel_jit,
+                     kv_head, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
 from .fa2_mma import WARP, mma_from_fragments, mma_products, position, rows_per_warp
@@ -554,19 +554,6 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
     return DynamicSharedKernel(dkdv_fa2, c["nbytes"], check=check if RED4 else None), (TX, TY)
 
 
-REGISTERS = 65536        # 32-bit registers per SM (sm_80 and sm_90)
-
-
-def kernel_jit(threads):
-    """cuda.jit for a kernel of `threads` threads per block: above 256 threads, with
-    max_registers = REGISTERS // threads, so that one block fits on an SM at all (ptxas takes
-    up to 255 per thread when not told, which 512 threads cannot have: the launch would fail);
-    at 256 or fewer, plain cuda.jit (the default kernels' code is as it was timed)."""
-    if threads > 256 and not SIMULATOR:
-        return cuda.jit(max_registers=REGISTERS // threads)
-    return cuda.jit
-
-
 def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     """dQ. Launch grid (ceil(Nq / block_m), B*H), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dq, scale, heads, group)."""
@@ -585,7 +572,7 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
     uK, uV, uQ, udO, uL, uDv, udS = o["k"], o["v"], o["q"], o["do"], o["lse"], o["D"], o["w"]
     uWR, uBM, uBN, uTX, uTY, uNT = (U(x) for x in (c["W_ROW"], block_m, block_n, TX, TY, TX * TY))
 
-    @cuda.jit
+    @kernel_jit(TX * TY)
     def dq_fa2(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
         sm = cuda.shared.array(0, T, alignment=ALIGN)
         bh = U(cuda.blockIdx.y)

@@ -113,3 +113,16 @@ class DynamicSharedKernel:
         attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         driver.cuKernelSetAttribute(attr, self.nbytes, cufunc.handle, cufunc.device.id)
         self._opted_in.add(key)
+
+
+REGISTERS = 65536        # 32-bit registers per SM (sm_80 and sm_90)
+
+
+def kernel_jit(threads):
+    """cuda.jit for a kernel of `threads` threads per block: above 256 threads, with
+    max_registers = REGISTERS // threads, so that one block fits on an SM at all (ptxas takes
+    up to 255 per thread when not told, which 512 threads cannot have: the launch would fail);
+    at 256 or fewer, plain cuda.jit (the default kernels' code is as it was timed)."""
+    if threads > 256 and not SIMULATOR:
+        return cuda.jit(max_registers=REGISTERS // threads)
+    return cuda.jit

@@ -34,8 +34,8 @@ import numpy as np
 from numba import cuda
 
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel,
-                     ceil_div, check_block, check_shared_memory, check_head_dim, kv_head,
-                     numba_type)
+                     ceil_div, check_block, check_shared_memory, check_head_dim, kernel_jit,
+                     kv_head, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
 from .vector_io import VECTOR, AlignedDispatch, load4, require_aligned, store4
@@ -217,7 +217,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
         """sm[dst + r * row_len + c ...] = mult * src[head, row0 + r, c : c + 4]."""
         store_vector(sm, dst + r * row_len + c, load_vector(src, head, row0, r, c), mult)
 
-    @cuda.jit
+    @kernel_jit(NT)
     def forward_fa2(q, k, v, out, lse, scale, heads, group):
         sm = cuda.shared.array(0, T, alignment=ALIGN)
         bh = U(cuda.blockIdx.y)

@@ -46,7 +46,6 @@ from reference.precision import step_3xtf32_parts
 
 from .common import SIMULATOR
 
-ROWS = 64          # rows of A per wgmma (M)
 STEP = 8           # contraction per wgmma for TF32 (K)
 CORE = 32          # floats per core matrix (8 rows x 4)
 WARPGROUP = 128    # threads
