@@ -72,6 +72,18 @@ def position(j, warp, lane):
     return warp * 16 + g + 8 * ((j % 4) // 2), (j // 4) * 8 + 2 * t + j % 2
 
 
+@cuda.jit(device=True)
+def a_fragment_index(e, warp, lane):
+    """(row, k) in the 64 x 8 A operand of a step of entry e (0-3) of the register A fragment
+    that thread `lane` of warp `warp` passes: rows g and g + 8 of the warp's 16, k = t for
+    e = 0, 1 and t + 4 for e = 2, 3 (mma.m16n8k8's A fragment)."""
+    g, t = lane // 4, lane % 4
+    return warp * 16 + g + 8 * (e % 2), t + 4 * (e // 2)
+
+
+SCRATCH = 2 * 64 * STEP   # floats of shared memory step_3xtf32_regs needs on the simulator
+
+
 if SIMULATOR:
     @cuda.jit(device=True)
     def fence_proxy_async():
@@ -135,6 +147,48 @@ else:
             return result(d1, e1, d2, e2, d3, e3), codegen
         return three_steps
 
+    def _three_step_regs_intrinsic(n):
+        """As _three_step_intrinsic with A from registers: wgmma m64n{n}k8 TF32 of (a_small,
+        b_big), (a_big, b_small), (a_big, b_big) into fresh accumulators, then commit and wait;
+        a_big, a_small are tuples of 4 float32 (the mma.m16n8k8 A fragment of the thread's warp's
+        16 rows), b_big, b_small descriptors."""
+        regs = n // 2
+        outs = ", ".join(f"${i}" for i in range(regs))
+        mma = f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{outs}}}"
+        big = "{" + ", ".join(f"${regs + i}" for i in range(4)) + "}"
+        small = "{" + ", ".join(f"${regs + 4 + i}" for i in range(4)) + "}"
+        bb, bs, pred = f"${regs + 8}", f"${regs + 9}", f"${regs + 10}"
+        text = "\n".join([
+            "{", ".reg .pred p;", f"setp.ne.b32 p, {pred}, 0;", "wgmma.fence.sync.aligned;",
+            f"{mma}, {small}, {bb}, p, 1, 1;",
+            f"{mma}, {big}, {bs}, 1, 1, 1;",
+            f"{mma}, {big}, {bb}, 1, 1, 1;",
+            "wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"])
+        constraints = ",".join(["=f"] * regs + ["r"] * 8 + ["l"] * 2 + ["r"]
+                               + [str(i) for i in range(regs)])
+        result = types.UniTuple(types.float32, regs)
+        quad = types.UniTuple(types.float32, 4)
+
+        @intrinsic
+        def three_steps_regs(typingctx, a_big, a_small, b_big, b_small):
+            if a_big != quad or a_small != quad:
+                return None
+
+            def codegen(context, builder, sig, args):
+                f32, i32 = ir.FloatType(), ir.IntType(32)
+                fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
+                                     [i32] * 8 + [ir.IntType(64)] * 2 + [i32] + [f32] * regs)
+                asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
+                a = [builder.bitcast(builder.extract_value(args[x], i), i32)
+                     for x in (0, 1) for i in range(4)]
+                zero = ir.Constant(f32, 0.0)
+                res = builder.call(asm, a + [args[2], args[3], ir.Constant(i32, 0)]
+                                   + [zero] * regs)
+                return context.make_tuple(builder, result, [builder.extract_value(res, i)
+                                                            for i in range(regs)])
+            return result(a_big, a_small, b_big, b_small), codegen
+        return three_steps_regs
+
 
 @functools.lru_cache(maxsize=None)
 def products(n, KA, KB):
@@ -145,20 +199,41 @@ def products(n, KA, KB):
                          f"lengths multiples of {STEP}, got n={n}, {KA}, {KB}")
     regs = n // 2
     if SIMULATOR:
+        # index arrays (regs x 8) of each thread's entries, vectorized: one NumPy model call
+        # per step and thread (the simulator runs 128 Python threads)
+        def entries(warp, lane):
+            g, t = lane // 4, lane % 4
+            j = np.arange(regs)
+            return warp * 16 + g + 8 * ((j % 4) // 2), (j // 4) * 8 + 2 * t + j % 2
+
         @cuda.jit(device=True)
         def step_3xtf32(sm, a_big, a_small, b_big, b_small, s):
-            warp, lane = (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32
-            out = []
-            for j in range(regs):
-                r, c = position(j, warp, lane)
-                ka = [int(core_offset_host(r, STEP * s + i, KA)) for i in range(STEP)]
-                kb = [int(core_offset_host(c, STEP * s + i, KB)) for i in range(STEP)]
-                out.append(step_3xtf32_parts(sm[[a_big + x for x in ka]],
-                                             sm[[a_small + x for x in ka]],
-                                             sm[[b_big + x for x in kb]],
-                                             sm[[b_small + x for x in kb]]))
+            r, c = entries((cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32)
+            k = STEP * s + np.arange(STEP)
+            ka = core_offset_host(r[:, None], k, KA)
+            kb = core_offset_host(c[:, None], k, KB)
+            out = step_3xtf32_parts(sm[a_big + ka], sm[a_small + ka], sm[b_big + kb],
+                                    sm[b_small + kb])
             return tuple(float32(x) for x in out)
-        return dict(step_3xtf32=step_3xtf32, regs=regs)
+
+        @cuda.jit(device=True)
+        def step_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch):
+            # the warpgroup's A fragments, gathered through sm[scratch:scratch + SCRATCH]
+            # (64 rows x 8, big then small) so that each thread can model its own entries
+            warp, lane = (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32
+            for e in range(4):
+                r, k = a_fragment_index(e, warp, lane)
+                sm[scratch + r * STEP + k] = a_big[e]
+                sm[scratch + 64 * STEP + r * STEP + k] = a_small[e]
+            cuda.syncthreads()
+            r, c = entries(warp, lane)
+            ka = scratch + r[:, None] * STEP + np.arange(STEP)
+            kb = core_offset_host(c[:, None], STEP * s + np.arange(STEP), KB)
+            out = step_3xtf32_parts(sm[ka], sm[64 * STEP + ka], sm[b_big + kb],
+                                    sm[b_small + kb])
+            cuda.syncthreads()
+            return tuple(float32(x) for x in out)
+        return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs, regs=regs)
 
     three_steps = _three_step_intrinsic(n)
     sbo_a, sbo_b = uint64(CORE * 4 * (KA // 4)) >> 4, uint64(CORE * 4 * (KB // 4)) >> 4
@@ -169,10 +244,18 @@ def products(n, KA, KB):
         addr = base + uint32(4 * (offset + 2 * CORE * s))    # 2 core matrices per step
         return uint64((addr & 0x3FFFF) >> 4) | (lbo << 16) | (sbo << 32)
 
+    three_steps_regs = _three_step_regs_intrinsic(n)
+
     @cuda.jit(device=True)
     def step_3xtf32(sm, a_big, a_small, b_big, b_small, s):
         base = shared_address(sm)
         ab, as_ = descriptor(base, a_big, s, sbo_a), descriptor(base, a_small, s, sbo_a)
         bb, bs = descriptor(base, b_big, s, sbo_b), descriptor(base, b_small, s, sbo_b)
         return three_steps(as_, bb, ab, bs, ab, bb)
-    return dict(step_3xtf32=step_3xtf32, regs=regs)
+
+    @cuda.jit(device=True)
+    def step_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch):
+        base = shared_address(sm)
+        bb, bs = descriptor(base, b_big, s, sbo_b), descriptor(base, b_small, s, sbo_b)
+        return three_steps_regs(a_big, a_small, bb, bs)
+    return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs, regs=regs)

@@ -1,0 +1,238 @@
+"""Backward on Hopper warpgroup products (wgmma, sm_90a; kernels/wgmma.py): an experiment, not
+registered. float32, head dim up to 64, 64 x 64 tiles, one warpgroup (128 threads) per K/V
+block of 64 rows; every product is 3xTF32 with its operands split once into big and small TF32
+parts (notebooks/data/perf-notes.md, version 12).
+
+Per K/V block (rows j), over the query heads sharing its key head and their Q blocks (rows i),
+with the forward's operand roles (M = i, the warpgroup's 64 rows):
+  S = (scale Q) K^T and dP = dO V^T, both operands in shared memory;
+  P = exp(S - lse_i), dS = P (dP - D_i) in the accumulators' registers, then P^T and dS^T
+  written to shared memory as the B operands of
+  dV^T += dO^T P and dK^T += (scale Q)^T dS (M = d), A read from the staged dO and Q tiles;
+  dQ_i += dS K (M = i), A read from the dS^T tile, B = K^T staged once; added into dq with
+  atomics.
+The A operands of the last three come from shared memory through registers (wgmma's register A
+fragment), because TF32 operands in shared memory must be K-major and the staged tiles are
+K-major over the other index; their big and small parts are staged already, so nothing is
+split twice.
+
+S here is a 3xTF32 sum on the tensor core, not the forward's FFMA sum: P is not recomputed bit
+for bit (the fa2 kernels' rule). Its error is a few units of roundoff of sum |q k| (wgmma.py),
+so at large logits P's rows sum to 1 only as well as the NumPy reference's do.
+
+Shared memory: 14 tiles of 64 x 64 floats (K, V, K^T, Q, dO, P^T, dS^T, each as big and small
+parts): 224 KiB of the 227 an H200 block can have, so one block (4 warps) per SM.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from .backward import make_preprocess_kernel
+from .backward_fa2 import _recompute_p
+from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
+                     ceil_div, kernel_jit)
+from .fa2_tiles import ALIGN
+from .mma import split_tf32
+from .wgmma import (SCRATCH, STEP, WARPGROUP, core_offset,
+                    fence_proxy_async, position, products)
+
+BLOCK = 64                  # block_m = block_n
+D_PAD = 64                  # the head dim, zero-padded
+TILE = BLOCK * D_PAD        # floats per tile
+STEPS = 64 // STEP          # 8-long steps of every product (K = d, i or j: all 64)
+REGS = 32                   # accumulator entries per thread of a 64 x 64 product
+# float offsets of the tiles in shared memory: big part, small part
+K_T, V_T, KT_T, Q_T, DO_T, PT_T, DST_T = (2 * TILE * x for x in range(7))
+SCRATCH_AT = 14 * TILE      # the simulator's fragment exchange (wgmma.step_3xtf32_regs)
+NBYTES = 4 * (14 * TILE + (SCRATCH if SIMULATOR else 0))
+assert 14 * TILE * 4 <= DYNAMIC_SHARED_MEMORY_BYTES
+
+
+def default_blocks(head_dim, dtype):
+    """(64, 64): the only tiles this kernel has."""
+    return BLOCK, BLOCK
+
+
+def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
+    """ValueError unless float32, head dim 1..64 and 64 x 64 tiles."""
+    if np.dtype(dtype) != np.float32:
+        raise ValueError(f"the wgmma backward is float32 only, got {np.dtype(dtype)}")
+    if not 1 <= head_dim <= D_PAD:
+        raise ValueError(f"the wgmma backward needs head_dim <= {D_PAD}, got {head_dim}")
+    if (block_m, block_n) != (BLOCK, BLOCK):
+        raise ValueError(f"the wgmma backward has 64 x 64 tiles only, got block_m={block_m}, "
+                         f"block_n={block_n}")
+
+
+@functools.lru_cache(maxsize=None)
+def make_dkdv_kernel(causal):
+    """dK, dV and (atomics into dq, which must hold zeros) dQ. Launch grid
+    (ceil(Nk / 64), B*Hk), 128 threads, arguments (q, k, v, dout, lse, D, dk, dv, dq, scale,
+    heads, group) on (B*H, N, d) float32 arrays, d <= 64."""
+    prod = products(BLOCK, D_PAD, D_PAD)
+    step, step_regs = prod["step_3xtf32"], prod["step_3xtf32_regs"]
+    recompute_p = _recompute_p(float32, causal)
+    uBM = U(BLOCK)
+
+    @cuda.jit(device=True)
+    def stage(sm, at, src, head, row0, d, mult):
+        """Rows row0.. of src[head] (times mult; zero past its rows or the head dim) as a
+        64 x 64 tile, K-major, at sm[at] (big) and sm[at + TILE] (small). Thread-index order is
+        the layout's own order, so a warp writes one 512-byte run."""
+        n = U(src.shape[1])
+        for it in range(TILE // WARPGROUP):
+            idx = cuda.threadIdx.x + it * WARPGROUP
+            r = (idx // 512) * 8 + (idx // 4) % 8
+            c = U(((idx // 32) % 16) * 4 + idx % 4)
+            x = float32(0.0)
+            if row0 + r < n and c < d:
+                x = src[head, row0 + r, c] * mult
+            big, small = split_tf32(x)       # idx == core_offset(r, c, 64)
+            sm[at + idx] = big
+            sm[at + TILE + idx] = small
+
+    @cuda.jit(device=True)
+    def stage_kt(sm, at, k, head, n0, d):
+        """K^T of the block's keys (rows: the head dim, K-major over j) at sm[at] (big) and
+        sm[at + TILE] (small)."""
+        nk = U(k.shape[1])
+        for it in range(TILE // WARPGROUP):
+            idx = cuda.threadIdx.x + it * WARPGROUP
+            c = U((idx // 512) * 8 + (idx // 4) % 8)       # head-dim row of K^T
+            jl = U(((idx // 32) % 16) * 4 + idx % 4)
+            x = float32(0.0)
+            if n0 + jl < nk and c < d:
+                x = k[head, n0 + jl, c]
+            big, small = split_tf32(x)
+            sm[at + idx] = big
+            sm[at + TILE + idx] = small
+
+    @cuda.jit(device=True)
+    def add(acc, part):
+        for j in range(REGS):
+            acc[j] += part[j]
+
+    @cuda.jit(device=True)
+    def clear(acc):
+        for j in range(REGS):
+            acc[j] = float32(0.0)
+
+    @cuda.jit(device=True)
+    def transposed_fragment(sm, at, s, warp, lane):
+        """The register A fragment (big, small) of step s of X^T, X the 64 x 64 tile at sm[at]
+        (K-major: element (a, b) at core_offset(a, b, 64)): X^T's rows are b, its contraction
+        a; entries in wgmma.a_fragment_index's order."""
+        r = warp * U(16) + lane // U(4)               # rows r, r + 8 of X^T
+        i = U(STEP * s) + lane % U(4)                  # contraction i, i + 4
+        o0 = at + core_offset(i, r, D_PAD)
+        o1 = at + core_offset(i, r + U(8), D_PAD)
+        o2 = at + core_offset(i + U(4), r, D_PAD)
+        o3 = at + core_offset(i + U(4), r + U(8), D_PAD)
+        return ((sm[o0], sm[o1], sm[o2], sm[o3]),
+                (sm[o0 + TILE], sm[o1 + TILE], sm[o2 + TILE], sm[o3 + TILE]))
+
+    @kernel_jit(WARPGROUP)
+    def dkdv_wgmma(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        kvh = U(cuda.blockIdx.y)
+        tid = U(cuda.threadIdx.x)
+        warp, lane = tid // U(32), tid % U(32)
+        n0 = U(cuda.blockIdx.x) * uBM
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        s_acc = cuda.local.array(REGS, float32)      # S, then P
+        dp_acc = cuda.local.array(REGS, float32)     # dP
+        dk_acc = cuda.local.array(REGS, float32)     # dK^T (rows: head dim, columns: j)
+        dv_acc = cuda.local.array(REGS, float32)     # dV^T
+        dq_acc = cuda.local.array(REGS, float32)     # this block's share of dQ_i
+        clear(dk_acc)
+        clear(dv_acc)
+        stage(sm, U(K_T), k, kvh, n0, d, float32(1.0))
+        stage(sm, U(V_T), v, kvh, n0, d, float32(1.0))
+        stage_kt(sm, U(KT_T), k, kvh, n0, d)
+        # causal: query i sees key j iff j + nq <= i + nk; skip Q blocks that see none of ours
+        m_start = U(0)
+        if causal and n0 + nq > nk:
+            m_start = (n0 + nq - nk) // uBM * uBM
+        kv_heads = heads // group
+        b_idx = U(cuda.blockIdx.y // kv_heads)
+        row = warp * U(16) + lane // U(4)              # this thread's rows: row, row + 8
+        for g in range(group):
+            bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            m0 = m_start
+            while m0 < nq:
+                stage(sm, U(Q_T), q, bh, m0, d, scale)
+                stage(sm, U(DO_T), dout, bh, m0, d, float32(1.0))
+                i0, i1 = m0 + row, m0 + row + U(8)
+                lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
+                lse1 = lse[bh, i1] if i1 < nq else float32(NEG_INF)
+                D0 = Dvec[bh, i0] if i0 < nq else float32(0.0)
+                D1 = Dvec[bh, i1] if i1 < nq else float32(0.0)
+                fence_proxy_async()
+                cuda.syncthreads()
+                clear(s_acc)
+                clear(dp_acc)
+                for s in range(STEPS):
+                    add(s_acc, step(sm, U(Q_T), U(Q_T + TILE), U(K_T), U(K_T + TILE), s))
+                    add(dp_acc, step(sm, U(DO_T), U(DO_T + TILE), U(V_T), U(V_T + TILE), s))
+                for nt in range(REGS // 4):            # nested: LLVM unrolls both
+                    for e in range(4):
+                        j = 4 * nt + e
+                        il, jl = position(j, warp, lane)
+                        hi = e // 2
+                        p = recompute_p(s_acc[j], lse1 if hi else lse0, m0 + U(il),
+                                        n0 + U(jl), nq, nk)
+                        ds = p * (dp_acc[j] - (D1 if hi else D0))
+                        off = core_offset(U(jl), U(il), BLOCK)    # P^T, dS^T: rows j, K = i
+                        pb, ps = split_tf32(p)
+                        db, dsm = split_tf32(ds)
+                        sm[U(PT_T) + off] = pb
+                        sm[U(PT_T + TILE) + off] = ps
+                        sm[U(DST_T) + off] = db
+                        sm[U(DST_T + TILE) + off] = dsm
+                fence_proxy_async()
+                cuda.syncthreads()
+                clear(dq_acc)
+                for s in range(STEPS):
+                    a_big, a_small = transposed_fragment(sm, U(DO_T), s, warp, lane)
+                    add(dv_acc, step_regs(sm, a_big, a_small, U(PT_T), U(PT_T + TILE), s,
+                                          U(SCRATCH_AT)))
+                    a_big, a_small = transposed_fragment(sm, U(Q_T), s, warp, lane)
+                    add(dk_acc, step_regs(sm, a_big, a_small, U(DST_T), U(DST_T + TILE), s,
+                                          U(SCRATCH_AT)))
+                    a_big, a_small = transposed_fragment(sm, U(DST_T), s, warp, lane)
+                    add(dq_acc, step_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), s,
+                                          U(SCRATCH_AT)))
+                for j in range(REGS):
+                    il, c = position(j, warp, lane)
+                    i = m0 + U(il)
+                    if i < nq and U(c) < d:
+                        cuda.atomic.add(dq, (bh, i, U(c)), dq_acc[j] * scale)
+                cuda.syncthreads()                     # every warp is done with the tiles
+                m0 += uBM
+
+        for j in range(REGS):
+            c, jl = position(j, warp, lane)            # dK^T, dV^T: rows c of the head dim
+            if n0 + U(jl) < nk and U(c) < d:
+                dk[kvh, n0 + U(jl), U(c)] = dk_acc[j]
+                dv[kvh, n0 + U(jl), U(c)] = dv_acc[j]
+
+    return DynamicSharedKernel(dkdv_wgmma, NBYTES), WARPGROUP
+
+
+def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
+                 block_m=BLOCK, block_n=BLOCK):
+    """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
+    kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
+    `check` does not allow the case. dQ comes from atomics: not bitwise reproducible."""
+    from .. import arrays
+    bh, nq, d = q.shape
+    bhk, nk, _ = k.shape
+    check(d, q.dtype, block_m, block_n)
+    D = arrays.empty_device((bh, nq), q.dtype)
+    pre, tpb = make_preprocess_kernel(d, q.dtype, clear=True)
+    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
+    kernel, tpb = make_dkdv_kernel(bool(causal))
+    kernel[(ceil_div(nk, BLOCK), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq,
+                                            np.float32(scale), heads, group)

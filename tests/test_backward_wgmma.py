@@ -1,0 +1,58 @@
+"""kernels/backward_wgmma.py (the experimental wgmma backward, not registered): against float64
+truth within the tolerance rule, on the simulator (its products modelled by wgmma.py) and on a
+GPU; clear errors for what it does not cover."""
+
+import numpy as np
+import pytest
+
+from numba_flash import flash_attention_backward, flash_attention_forward
+from numba_flash.kernels import BACKWARD, backward_wgmma, register_backward
+from numba_flash.testing import GPU_CASES, Case, assert_within_tolerance, check_backward
+
+NAME = "wgmma (test)"
+
+
+@pytest.fixture
+def wgmma_registered():
+    """The wgmma backward in the registry for one test (the API is the way to run it)."""
+    register_backward(NAME, backward_wgmma.run_backward, backward_wgmma.default_blocks)
+    yield NAME
+    del BACKWARD[NAME]
+
+
+def check_case(case, kernel):
+    q, k, v, dout = case.inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=case.causal)
+    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal, kernel=kernel)
+    assert_within_tolerance(check_backward(dout, q, k, v, *grads, causal=case.causal),
+                            f"wgmma backward {case}")
+
+
+# simulator: one 64-row K/V block, partial; GQA with two query heads and two Q blocks; causal
+# with a fully masked row; logits x1e3
+SMALL = (Case("GQA, two Q blocks, Nq != Nk", 1, 2, 1, 70, 45, 12),
+         Case("causal, fully masked rows", 1, 1, 1, 21, 7, 5, causal=True),
+         Case("logits x1e3", 1, 1, 1, 17, 17, 8, logit_scale=1e3))
+
+
+@pytest.mark.parametrize("case", SMALL, ids=lambda c: c.name)
+def test_wgmma_backward_within_tolerance(case, wgmma_registered):
+    check_case(case, wgmma_registered)
+
+
+def test_wgmma_backward_rejects_what_it_does_not_cover():
+    with pytest.raises(ValueError, match="float32 only"):
+        backward_wgmma.check(64, np.float64)
+    with pytest.raises(ValueError, match="head_dim <= 64"):
+        backward_wgmma.check(65, np.float32)
+    with pytest.raises(ValueError, match="64 x 64 tiles"):
+        backward_wgmma.check(64, np.float32, 32, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if c.d <= 64]
+                         + [Case("N = 2048", 1, 4, 4, 2048, 2048, 64),
+                            Case("N = 2048, causal, GQA", 1, 4, 2, 2048, 2048, 64, causal=True)],
+                         ids=lambda c: c.name)
+def test_gpu_wgmma_backward_within_tolerance(case, wgmma_registered):
+    check_case(case, wgmma_registered)
