@@ -1,0 +1,73 @@
+"""The experimental wgmma backward (kernels/backward_wgmma.py) on a GPU, not a pytest module.
+
+    python tests/ab_wgmma.py check     # odd float32 cases within tolerance (exit 1 if not);
+                                       # run under compute-sanitizer memcheck / racecheck
+    python tests/ab_wgmma.py time      # A/B against the default backward (fa2-atomic):
+                                       # TFLOP/s, alternating, two rounds, one process
+
+Both go through the API with the kernel registered here as "fa2-wgmma". Timing uses the
+benchmark's grid (B*H = (16384 / N) (2048 / d)), d = 64, N = 1k, 2k, 4k, and counts the
+backward as 2.5x the forward's FLOPs.
+"""
+import sys
+
+import numpy as np
+from numba import cuda
+
+import reference as ref
+from numba_flash import flash_attention_backward, flash_attention_forward
+from numba_flash.bench import _median_ms
+from numba_flash.kernels import DEFAULT_BACKWARD, backward_wgmma, register_backward
+from numba_flash.testing import Case, check_backward
+
+NAME = "fa2-wgmma"
+register_backward(NAME, backward_wgmma.run_backward, backward_wgmma.default_blocks)
+
+# partial tiles, several Q blocks and K/V blocks, GQA, causal with masked rows, d < 64
+CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
+         Case("masked", 1, 1, 1, 70, 20, 17, causal=True),
+         Case("one row", 1, 1, 1, 1, 33, 64),
+         Case("several tiles", 1, 2, 1, 150, 300, 64),
+         Case("several tiles, causal", 1, 3, 3, 200, 130, 32, causal=True),
+         Case("logits x1e3", 1, 2, 2, 256, 256, 64, logit_scale=1e3))
+
+
+def check():
+    bad = 0
+    for case in CASES:
+        q, k, v, dout = case.inputs(np.float32)
+        out, lse = flash_attention_forward(q, k, v, causal=case.causal)
+        grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
+                                         kernel=NAME)
+        for c in check_backward(dout, q, k, v, *grads, causal=case.causal):
+            bad += not c.ok
+            print(f"{case}: {c.name} max err {c.max_err:.3e} allowed {c.allowed:.3e} "
+                  f"{'ok' if c.ok else 'FAIL'}", flush=True)
+    return 1 if bad else 0
+
+
+def time_ab(d=64, sizes=(1024, 2048, 4096)):
+    rng = np.random.default_rng(0)
+    for n in sizes:
+        bh = (16384 // n) * (2048 // d)
+        q, k, v, do = (cuda.to_device(rng.standard_normal((1, bh, n, d), dtype=np.float32))
+                       for _ in range(4))
+        out, lse = flash_attention_forward(q, k, v)
+        flops = 2.5 * ref.forward_flops(n, n, d, False, bh)
+        ours = flash_attention_backward(do, q, k, v, out, lse, kernel=NAME)
+        base = flash_attention_backward(do, q, k, v, out, lse)
+        diff = max(float(np.max(np.abs(a.copy_to_host() - b.copy_to_host())))
+                   for a, b in zip(ours, base))
+        print(f"d={d} N={n}: max |wgmma - {DEFAULT_BACKWARD}| = {diff:.2e}", flush=True)
+        for rnd in range(2):
+            for name in (DEFAULT_BACKWARD, NAME):
+                ms = _median_ms(lambda: flash_attention_backward(do, q, k, v, out, lse,
+                                                                 kernel=name))
+                print(f"d={d} N={n} round {rnd} {name}: {ms:.2f} ms, "
+                      f"{flops / ms / 1e9:.1f} TFLOP/s", flush=True)
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["check"]:
+        sys.exit(check())
+    time_ab()
