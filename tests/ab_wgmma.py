@@ -4,11 +4,13 @@
                                        # run under compute-sanitizer memcheck / racecheck
     python tests/ab_wgmma.py time      # A/B against the default backward (fa2-atomic):
                                        # TFLOP/s, alternating, two rounds, one process
+    python tests/ab_wgmma.py ncu       # one wgmma backward at N = 2k for ncu -k regex:wgmma
 
 Both go through the API with the kernel registered here as "fa2-wgmma". Timing uses the
 benchmark's grid (B*H = (16384 / N) (2048 / d)), d = 64, N = 1k, 2k, 4k, and counts the
 backward as 2.5x the forward's FLOPs.
 """
+import functools
 import sys
 
 import numpy as np
@@ -22,6 +24,9 @@ from numba_flash.testing import Case, check_backward
 
 NAME = "fa2-wgmma"
 register_backward(NAME, backward_wgmma.run_backward, backward_wgmma.default_blocks)
+UNPAIRED = "fa2-wgmma, unpaired"     # one product per tensor-core wait (paired=False)
+register_backward(UNPAIRED, functools.partial(backward_wgmma.run_backward, paired=False),
+                  backward_wgmma.default_blocks)
 
 # partial tiles, several Q blocks and K/V blocks, GQA, causal with masked rows, d < 64
 CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
@@ -32,16 +37,16 @@ CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
          Case("logits x1e3", 1, 2, 2, 256, 256, 64, logit_scale=1e3))
 
 
-def check():
+def check(kernels=(NAME, UNPAIRED)):
     bad = 0
-    for case in CASES:
+    for case, name in ((c, n) for c in CASES for n in kernels):
         q, k, v, dout = case.inputs(np.float32)
         out, lse = flash_attention_forward(q, k, v, causal=case.causal)
         grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
-                                         kernel=NAME)
+                                         kernel=name)
         for c in check_backward(dout, q, k, v, *grads, causal=case.causal):
             bad += not c.ok
-            print(f"{case}: {c.name} max err {c.max_err:.3e} allowed {c.allowed:.3e} "
+            print(f"{name} {case}: {c.name} max err {c.max_err:.3e} allowed {c.allowed:.3e} "
                   f"{'ok' if c.ok else 'FAIL'}", flush=True)
     return 1 if bad else 0
 
@@ -60,14 +65,26 @@ def time_ab(d=64, sizes=(1024, 2048, 4096)):
                    for a, b in zip(ours, base))
         print(f"d={d} N={n}: max |wgmma - {DEFAULT_BACKWARD}| = {diff:.2e}", flush=True)
         for rnd in range(2):
-            for name in (DEFAULT_BACKWARD, NAME):
+            for name in (DEFAULT_BACKWARD, NAME, UNPAIRED):
                 ms = _median_ms(lambda: flash_attention_backward(do, q, k, v, out, lse,
                                                                  kernel=name))
                 print(f"d={d} N={n} round {rnd} {name}: {ms:.2f} ms, "
                       f"{flops / ms / 1e9:.1f} TFLOP/s", flush=True)
 
 
+def one_for_ncu(d=64, n=2048):
+    rng = np.random.default_rng(0)
+    q, k, v, do = (cuda.to_device(rng.standard_normal((16384 // n, 2048 // d, n, d),
+                                                      dtype=np.float32)) for _ in range(4))
+    out, lse = flash_attention_forward(q, k, v)
+    for _ in range(2):
+        flash_attention_backward(do, q, k, v, out, lse, kernel=NAME)
+    cuda.synchronize()
+
+
 if __name__ == "__main__":
     if sys.argv[1:] == ["check"]:
         sys.exit(check())
+    if sys.argv[1:] == ["ncu"]:
+        sys.exit(one_for_ncu())
     time_ab()

@@ -43,6 +43,7 @@ D_PAD = 64                  # the head dim, zero-padded
 TILE = BLOCK * D_PAD        # floats per tile
 STEPS = 64 // STEP          # 8-long steps of every product (K = d, i or j: all 64)
 REGS = 32                   # accumulator entries per thread of a 64 x 64 product
+LOADS = 8                   # global loads a thread has in flight when staging a tile
 # float offsets of the tiles in shared memory: big part, small part
 K_T, V_T, KT_T, Q_T, DO_T, PT_T, DST_T = (2 * TILE * x for x in range(7))
 SCRATCH_AT = 14 * TILE      # the simulator's fragment exchange (wgmma.step_3xtf32_regs)
@@ -67,52 +68,61 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 
 
 @functools.lru_cache(maxsize=None)
-def make_dkdv_kernel(causal):
+def make_dkdv_kernel(causal, paired=True):
     """dK, dV and (atomics into dq, which must hold zeros) dQ. Launch grid
     (ceil(Nk / 64), B*Hk), 128 threads, arguments (q, k, v, dout, lse, D, dk, dv, dq, scale,
-    heads, group) on (B*H, N, d) float32 arrays, d <= 64."""
+    heads, group) on (B*H, N, d) float32 arrays, d <= 64.
+    paired: S and dP, and dV and dK, each step of the two in one wgmma wait (fewer round trips
+    to the tensor core); False: one product per wait. Same sums either way."""
     prod = products(BLOCK, D_PAD, D_PAD)
     step, step_regs = prod["step_3xtf32"], prod["step_3xtf32_regs"]
+    step2, step2_regs = prod["step2_3xtf32"], prod["step2_3xtf32_regs"]
+    PAIRED = paired
     recompute_p = _recompute_p(float32, causal)
     uBM = U(BLOCK)
 
-    @cuda.jit(device=True)
-    def stage(sm, at, src, head, row0, d, mult):
-        """Rows row0.. of src[head] (times mult; zero past its rows or the head dim) as a
-        64 x 64 tile, K-major, at sm[at] (big) and sm[at + TILE] (small). Thread-index order is
-        the layout's own order, so a warp writes one 512-byte run."""
-        n = U(src.shape[1])
-        for it in range(TILE // WARPGROUP):
-            idx = cuda.threadIdx.x + it * WARPGROUP
-            r = (idx // 512) * 8 + (idx // 4) % 8
-            c = U(((idx // 32) % 16) * 4 + idx % 4)
-            x = float32(0.0)
-            if row0 + r < n and c < d:
-                x = src[head, row0 + r, c] * mult
-            big, small = split_tf32(x)       # idx == core_offset(r, c, 64)
-            sm[at + idx] = big
-            sm[at + TILE + idx] = small
+    def make_stage(transposed):
+        @cuda.jit(device=True)
+        def stage(sm, at, src, head, row0, d, mult):
+            """Rows row0.. of src[head] (times mult; zero past its rows or the head dim) as a
+            64 x 64 tile, K-major over the head dim (transposed: over the rows, the tile's rows
+            being the head dim), at sm[at] (big) and sm[at + TILE] (small). Thread-index
+            order is the layout's own, so a warp writes one 512-byte run; the loads go in
+            batches of LOADS, so that a batch is in flight at once (one warp per scheduler
+            has nothing else to hide a load's latency behind)."""
+            n = U(src.shape[1])
+            vals = cuda.local.array(LOADS, float32)
+            for b in range(TILE // WARPGROUP // LOADS):
+                for u in range(LOADS):
+                    idx = cuda.threadIdx.x + (b * LOADS + u) * WARPGROUP
+                    r = U((idx // 512) * 8 + (idx // 4) % 8)      # idx == core_offset(r, c)
+                    c = U(((idx // 32) % 16) * 4 + idx % 4)
+                    if transposed:
+                        r, c = c, r
+                    x = float32(0.0)
+                    if row0 + r < n and c < d:
+                        x = src[head, row0 + r, c] * mult
+                    vals[u] = x
+                for u in range(LOADS):
+                    idx = cuda.threadIdx.x + (b * LOADS + u) * WARPGROUP
+                    big, small = split_tf32(vals[u])
+                    sm[at + idx] = big
+                    sm[at + TILE + idx] = small
+        return stage
 
-    @cuda.jit(device=True)
-    def stage_kt(sm, at, k, head, n0, d):
-        """K^T of the block's keys (rows: the head dim, K-major over j) at sm[at] (big) and
-        sm[at + TILE] (small)."""
-        nk = U(k.shape[1])
-        for it in range(TILE // WARPGROUP):
-            idx = cuda.threadIdx.x + it * WARPGROUP
-            c = U((idx // 512) * 8 + (idx // 4) % 8)       # head-dim row of K^T
-            jl = U(((idx // 32) % 16) * 4 + idx % 4)
-            x = float32(0.0)
-            if n0 + jl < nk and c < d:
-                x = k[head, n0 + jl, c]
-            big, small = split_tf32(x)
-            sm[at + idx] = big
-            sm[at + TILE + idx] = small
+    stage, stage_kt = make_stage(False), make_stage(True)
 
     @cuda.jit(device=True)
     def add(acc, part):
         for j in range(REGS):
             acc[j] += part[j]
+
+    @cuda.jit(device=True)
+    def add2(acc, acc2, part):
+        for j in range(REGS):
+            acc[j] += part[j]
+        for j in range(REGS):
+            acc2[j] += part[REGS + j]
 
     @cuda.jit(device=True)
     def clear(acc):
@@ -150,7 +160,7 @@ def make_dkdv_kernel(causal):
         clear(dv_acc)
         stage(sm, U(K_T), k, kvh, n0, d, float32(1.0))
         stage(sm, U(V_T), v, kvh, n0, d, float32(1.0))
-        stage_kt(sm, U(KT_T), k, kvh, n0, d)
+        stage_kt(sm, U(KT_T), k, kvh, n0, d, float32(1.0))   # K^T: rows the head dim
         # causal: query i sees key j iff j + nq <= i + nk; skip Q blocks that see none of ours
         m_start = U(0)
         if causal and n0 + nq > nk:
@@ -174,8 +184,14 @@ def make_dkdv_kernel(causal):
                 clear(s_acc)
                 clear(dp_acc)
                 for s in range(STEPS):
-                    add(s_acc, step(sm, U(Q_T), U(Q_T + TILE), U(K_T), U(K_T + TILE), s))
-                    add(dp_acc, step(sm, U(DO_T), U(DO_T + TILE), U(V_T), U(V_T + TILE), s))
+                    if PAIRED:
+                        add2(s_acc, dp_acc, step2(sm, U(Q_T), U(Q_T + TILE), U(K_T),
+                                                  U(K_T + TILE), U(DO_T), U(DO_T + TILE),
+                                                  U(V_T), U(V_T + TILE), s))
+                    else:
+                        add(s_acc, step(sm, U(Q_T), U(Q_T + TILE), U(K_T), U(K_T + TILE), s))
+                        add(dp_acc, step(sm, U(DO_T), U(DO_T + TILE), U(V_T), U(V_T + TILE),
+                                         s))
                 for nt in range(REGS // 4):            # nested: LLVM unrolls both
                     for e in range(4):
                         j = 4 * nt + e
@@ -195,12 +211,18 @@ def make_dkdv_kernel(causal):
                 cuda.syncthreads()
                 clear(dq_acc)
                 for s in range(STEPS):
-                    a_big, a_small = transposed_fragment(sm, U(DO_T), s, warp, lane)
-                    add(dv_acc, step_regs(sm, a_big, a_small, U(PT_T), U(PT_T + TILE), s,
-                                          U(SCRATCH_AT)))
-                    a_big, a_small = transposed_fragment(sm, U(Q_T), s, warp, lane)
-                    add(dk_acc, step_regs(sm, a_big, a_small, U(DST_T), U(DST_T + TILE), s,
-                                          U(SCRATCH_AT)))
+                    do_big, do_small = transposed_fragment(sm, U(DO_T), s, warp, lane)
+                    q_big, q_small = transposed_fragment(sm, U(Q_T), s, warp, lane)
+                    if PAIRED:
+                        add2(dv_acc, dk_acc, step2_regs(sm, do_big, do_small, U(PT_T),
+                                                        U(PT_T + TILE), q_big, q_small,
+                                                        U(DST_T), U(DST_T + TILE), s,
+                                                        U(SCRATCH_AT)))
+                    else:
+                        add(dv_acc, step_regs(sm, do_big, do_small, U(PT_T), U(PT_T + TILE),
+                                              s, U(SCRATCH_AT)))
+                        add(dk_acc, step_regs(sm, q_big, q_small, U(DST_T), U(DST_T + TILE),
+                                              s, U(SCRATCH_AT)))
                     a_big, a_small = transposed_fragment(sm, U(DST_T), s, warp, lane)
                     add(dq_acc, step_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), s,
                                           U(SCRATCH_AT)))
@@ -222,7 +244,7 @@ def make_dkdv_kernel(causal):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m=BLOCK, block_n=BLOCK):
+                 block_m=BLOCK, block_n=BLOCK, paired=True):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
     kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible."""
@@ -233,6 +255,6 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), q.dtype)
     pre, tpb = make_preprocess_kernel(d, q.dtype, clear=True)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
-    kernel, tpb = make_dkdv_kernel(bool(causal))
+    kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired))
     kernel[(ceil_div(nk, BLOCK), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq,
                                             np.float32(scale), heads, group)

@@ -116,78 +116,82 @@ else:
             return context.get_dummy_value()
         return types.void(), codegen
 
-    def _three_step_intrinsic(n):
-        """wgmma m64n{n}k8 TF32 three times into fresh accumulators (the first with scale-d
-        false), then commit and wait: (a1 b1 + a2 b2 + a3 b3) for six descriptors."""
+    def _steps_intrinsic(n, kinds):
+        """One 3xTF32 step of len(kinds) products in one wgmma.fence / commit / wait block:
+        for each, wgmma m64n{n}k8 TF32 of (a_small, b_big), (a_big, b_small), (a_big, b_big)
+        into fresh accumulators (the first with scale-d false). Arguments per product: a_big,
+        a_small (shared-memory descriptors for kind "smem", tuples of 4 float32 for "regs": the
+        mma.m16n8k8 A fragment of the thread's warp's 16 rows), b_big, b_small (descriptors).
+        Returns the products' n / 2 accumulator entries one after the other."""
         regs = n // 2
-        outs = ", ".join(f"${i}" for i in range(regs))
-        mma = f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{outs}}}"
-        text = "\n".join([
-            "{", ".reg .pred p;", f"setp.ne.b32 p, ${regs + 6}, 0;", "wgmma.fence.sync.aligned;",
-            f"{mma}, ${regs}, ${regs + 1}, p, 1, 1;",
-            f"{mma}, ${regs + 2}, ${regs + 3}, 1, 1, 1;",
-            f"{mma}, ${regs + 4}, ${regs + 5}, 1, 1, 1;",
-            "wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"])
-        constraints = ",".join(["=f"] * regs + ["l"] * 6 + ["r"]
-                               + [str(i) for i in range(regs)])
-        result = types.UniTuple(types.float32, regs)
-
-        @intrinsic
-        def three_steps(typingctx, d1, e1, d2, e2, d3, e3):
-            def codegen(context, builder, sig, args):
-                f32 = ir.FloatType()
-                fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
-                                     [ir.IntType(64)] * 6 + [ir.IntType(32)] + [f32] * regs)
-                asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
-                zero = ir.Constant(f32, 0.0)
-                res = builder.call(asm, list(args) + [ir.Constant(ir.IntType(32), 0)]
-                                   + [zero] * regs)
-                return context.make_tuple(builder, result, [builder.extract_value(res, i)
-                                                            for i in range(regs)])
-            return result(d1, e1, d2, e2, d3, e3), codegen
-        return three_steps
-
-    def _three_step_regs_intrinsic(n):
-        """As _three_step_intrinsic with A from registers: wgmma m64n{n}k8 TF32 of (a_small,
-        b_big), (a_big, b_small), (a_big, b_big) into fresh accumulators, then commit and wait;
-        a_big, a_small are tuples of 4 float32 (the mma.m16n8k8 A fragment of the thread's warp's
-        16 rows), b_big, b_small descriptors."""
-        regs = n // 2
-        outs = ", ".join(f"${i}" for i in range(regs))
-        mma = f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {{{outs}}}"
-        big = "{" + ", ".join(f"${regs + i}" for i in range(4)) + "}"
-        small = "{" + ", ".join(f"${regs + 4 + i}" for i in range(4)) + "}"
-        bb, bs, pred = f"${regs + 8}", f"${regs + 9}", f"${regs + 10}"
-        text = "\n".join([
-            "{", ".reg .pred p;", f"setp.ne.b32 p, {pred}, 0;", "wgmma.fence.sync.aligned;",
-            f"{mma}, {small}, {bb}, p, 1, 1;",
-            f"{mma}, {big}, {bs}, 1, 1, 1;",
-            f"{mma}, {big}, {bb}, 1, 1, 1;",
-            "wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"])
-        constraints = ",".join(["=f"] * regs + ["r"] * 8 + ["l"] * 2 + ["r"]
-                               + [str(i) for i in range(regs)])
-        result = types.UniTuple(types.float32, regs)
+        outs = len(kinds) * regs
+        lines = ["{", ".reg .pred p;", "setp.ne.b32 p, ${zero}, 0;",
+                 "wgmma.fence.sync.aligned;"]
+        at, constraints, types_in = outs, [], []
+        for x, kind in enumerate(kinds):
+            acc = "{" + ", ".join(f"${x * regs + i}" for i in range(regs)) + "}"
+            mma = f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {acc}"
+            if kind == "regs":
+                big = "{" + ", ".join(f"${at + i}" for i in range(4)) + "}"
+                small = "{" + ", ".join(f"${at + 4 + i}" for i in range(4)) + "}"
+                constraints += ["r"] * 8
+                types_in += [ir.IntType(32)] * 8
+                at += 8
+            else:
+                big, small = f"${at}", f"${at + 1}"
+                constraints += ["l"] * 2
+                types_in += [ir.IntType(64)] * 2
+                at += 2
+            bb, bs = f"${at}", f"${at + 1}"
+            constraints += ["l"] * 2
+            types_in += [ir.IntType(64)] * 2
+            at += 2
+            lines += [f"{mma}, {small}, {bb}, p, 1, 1;", f"{mma}, {big}, {bs}, 1, 1, 1;",
+                      f"{mma}, {big}, {bb}, 1, 1, 1;"]
+        lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+        text = "\n".join(lines).replace("${zero}", f"${at}")
+        constraints = ",".join(["=f"] * outs + constraints + ["r"]
+                               + [str(i) for i in range(outs)])
+        result = types.UniTuple(types.float32, outs)
         quad = types.UniTuple(types.float32, 4)
 
-        @intrinsic
-        def three_steps_regs(typingctx, a_big, a_small, b_big, b_small):
-            if a_big != quad or a_small != quad:
+        def typing(args):
+            want = [quad if k == "regs" else types.uint64 for k in kinds for _ in (0, 1)]
+            if any(args[4 * x + y] != want[2 * x + y] for x in range(len(kinds))
+                   for y in (0, 1)):
                 return None
+            return result(*args), codegen
 
-            def codegen(context, builder, sig, args):
-                f32, i32 = ir.FloatType(), ir.IntType(32)
-                fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
-                                     [i32] * 8 + [ir.IntType(64)] * 2 + [i32] + [f32] * regs)
-                asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
-                a = [builder.bitcast(builder.extract_value(args[x], i), i32)
-                     for x in (0, 1) for i in range(4)]
-                zero = ir.Constant(f32, 0.0)
-                res = builder.call(asm, a + [args[2], args[3], ir.Constant(i32, 0)]
-                                   + [zero] * regs)
-                return context.make_tuple(builder, result, [builder.extract_value(res, i)
-                                                            for i in range(regs)])
-            return result(a_big, a_small, b_big, b_small), codegen
-        return three_steps_regs
+        def codegen(context, builder, sig, llargs):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * outs),
+                                 types_in + [i32] + [f32] * outs)
+            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
+            ops = []
+            for x, kind in enumerate(kinds):
+                a_big, a_small, b_big, b_small = llargs[4 * x:4 * x + 4]
+                if kind == "regs":
+                    ops += [builder.bitcast(builder.extract_value(a, i), i32)
+                            for a in (a_big, a_small) for i in range(4)]
+                else:
+                    ops += [a_big, a_small]
+                ops += [b_big, b_small]
+            zero = ir.Constant(f32, 0.0)
+            res = builder.call(asm, ops + [ir.Constant(i32, 0)] + [zero] * outs)
+            return context.make_tuple(builder, result, [builder.extract_value(res, i)
+                                                        for i in range(outs)])
+
+        if len(kinds) == 1:
+            @intrinsic
+            def steps(typingctx, a_big, a_small, b_big, b_small):
+                return typing((a_big, a_small, b_big, b_small))
+        else:
+            @intrinsic
+            def steps(typingctx, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
+                      b2_small):
+                return typing((a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
+                               b2_small))
+        return steps
 
 
 @functools.lru_cache(maxsize=None)
@@ -233,9 +237,23 @@ def products(n, KA, KB):
                                     sm[b_small + kb])
             cuda.syncthreads()
             return tuple(float32(x) for x in out)
-        return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs, regs=regs)
 
-    three_steps = _three_step_intrinsic(n)
+        @cuda.jit(device=True)
+        def step2_3xtf32(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
+                         b2_small, s):
+            return (step_3xtf32(sm, a_big, a_small, b_big, b_small, s)
+                    + step_3xtf32(sm, a2_big, a2_small, b2_big, b2_small, s))
+
+        @cuda.jit(device=True)
+        def step2_3xtf32_regs(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
+                              b2_small, s, scratch):
+            return (step_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch)
+                    + step_3xtf32_regs(sm, a2_big, a2_small, b2_big, b2_small, s, scratch))
+        return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs,
+                    step2_3xtf32=step2_3xtf32, step2_3xtf32_regs=step2_3xtf32_regs, regs=regs)
+
+    smem1, regs1 = _steps_intrinsic(n, ("smem",)), _steps_intrinsic(n, ("regs",))
+    smem2, regs2 = _steps_intrinsic(n, ("smem", "smem")), _steps_intrinsic(n, ("regs", "regs"))
     sbo_a, sbo_b = uint64(CORE * 4 * (KA // 4)) >> 4, uint64(CORE * 4 * (KB // 4)) >> 4
     lbo = uint64(CORE * 4) >> 4
 
@@ -244,18 +262,33 @@ def products(n, KA, KB):
         addr = base + uint32(4 * (offset + 2 * CORE * s))    # 2 core matrices per step
         return uint64((addr & 0x3FFFF) >> 4) | (lbo << 16) | (sbo << 32)
 
-    three_steps_regs = _three_step_regs_intrinsic(n)
-
     @cuda.jit(device=True)
     def step_3xtf32(sm, a_big, a_small, b_big, b_small, s):
         base = shared_address(sm)
-        ab, as_ = descriptor(base, a_big, s, sbo_a), descriptor(base, a_small, s, sbo_a)
-        bb, bs = descriptor(base, b_big, s, sbo_b), descriptor(base, b_small, s, sbo_b)
-        return three_steps(as_, bb, ab, bs, ab, bb)
+        return smem1(descriptor(base, a_big, s, sbo_a), descriptor(base, a_small, s, sbo_a),
+                     descriptor(base, b_big, s, sbo_b), descriptor(base, b_small, s, sbo_b))
 
     @cuda.jit(device=True)
     def step_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch):
         base = shared_address(sm)
-        bb, bs = descriptor(base, b_big, s, sbo_b), descriptor(base, b_small, s, sbo_b)
-        return three_steps_regs(a_big, a_small, bb, bs)
-    return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs, regs=regs)
+        return regs1(a_big, a_small, descriptor(base, b_big, s, sbo_b),
+                     descriptor(base, b_small, s, sbo_b))
+
+    @cuda.jit(device=True)
+    def step2_3xtf32(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
+                     b2_small, s):
+        base = shared_address(sm)
+        return smem2(descriptor(base, a_big, s, sbo_a), descriptor(base, a_small, s, sbo_a),
+                     descriptor(base, b_big, s, sbo_b), descriptor(base, b_small, s, sbo_b),
+                     descriptor(base, a2_big, s, sbo_a), descriptor(base, a2_small, s, sbo_a),
+                     descriptor(base, b2_big, s, sbo_b), descriptor(base, b2_small, s, sbo_b))
+
+    @cuda.jit(device=True)
+    def step2_3xtf32_regs(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
+                          b2_small, s, scratch):
+        base = shared_address(sm)
+        return regs2(a_big, a_small, descriptor(base, b_big, s, sbo_b),
+                     descriptor(base, b_small, s, sbo_b), a2_big, a2_small,
+                     descriptor(base, b2_big, s, sbo_b), descriptor(base, b2_small, s, sbo_b))
+    return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs,
+                step2_3xtf32=step2_3xtf32, step2_3xtf32_regs=step2_3xtf32_regs, regs=regs)
