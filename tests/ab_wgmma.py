@@ -27,6 +27,9 @@ register_backward(NAME, backward_wgmma.run_backward, backward_wgmma.default_bloc
 UNPAIRED = "fa2-wgmma, unpaired"     # one product per tensor-core wait (paired=False)
 register_backward(UNPAIRED, functools.partial(backward_wgmma.run_backward, paired=False),
                   backward_wgmma.default_blocks)
+CHAINED = "fa2-wgmma, chained"       # S and dP chained in the tensor core (chained=True)
+register_backward(CHAINED, functools.partial(backward_wgmma.run_backward, chained=True),
+                  backward_wgmma.default_blocks)
 
 # partial tiles, several Q blocks and K/V blocks, GQA, causal with masked rows, d < 64
 CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
@@ -37,7 +40,7 @@ CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
          Case("logits x1e3", 1, 2, 2, 256, 256, 64, logit_scale=1e3))
 
 
-def check(kernels=(NAME, UNPAIRED)):
+def check(kernels=(NAME, UNPAIRED, CHAINED)):
     bad = 0
     for case, name in ((c, n) for c in CASES for n in kernels):
         q, k, v, dout = case.inputs(np.float32)
@@ -65,7 +68,7 @@ def time_ab(d=64, sizes=(1024, 2048, 4096)):
                    for a, b in zip(ours, base))
         print(f"d={d} N={n}: max |wgmma - {DEFAULT_BACKWARD}| = {diff:.2e}", flush=True)
         for rnd in range(2):
-            for name in (DEFAULT_BACKWARD, NAME, UNPAIRED):
+            for name in (DEFAULT_BACKWARD, NAME, UNPAIRED, CHAINED):
                 ms = _median_ms(lambda: flash_attention_backward(do, q, k, v, out, lse,
                                                                  kernel=name))
                 print(f"d={d} N={n} round {rnd} {name}: {ms:.2f} ms, "

@@ -35,7 +35,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, Dynamic
                      ceil_div, kernel_jit)
 from .fa2_tiles import ALIGN
 from .mma import split_tf32
-from .wgmma import (SCRATCH, STEP, WARPGROUP, core_offset,
+from .wgmma import (SCRATCH, STEP, WARPGROUP,
                     fence_proxy_async, position, products)
 
 BLOCK = 64                  # block_m = block_n
@@ -68,16 +68,19 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 
 
 @functools.lru_cache(maxsize=None)
-def make_dkdv_kernel(causal, paired=True):
+def make_dkdv_kernel(causal, paired=True, chained=False):
     """dK, dV and (atomics into dq, which must hold zeros) dQ. Launch grid
     (ceil(Nk / 64), B*Hk), 128 threads, arguments (q, k, v, dout, lse, D, dk, dv, dq, scale,
     heads, group) on (B*H, N, d) float32 arrays, d <= 64.
     paired: S and dP, and dV and dK, each step of the two in one wgmma wait (fewer round trips
-    to the tensor core); False: one product per wait. Same sums either way."""
+    to the tensor core); False: one product per wait. Same sums either way.
+    chained: S and dP each summed over the whole head dim in the tensor core's accumulators
+    (one wait for both; wgmma.py: 2-5x the error of steps from zero added in float32)."""
     prod = products(BLOCK, D_PAD, D_PAD)
     step, step_regs = prod["step_3xtf32"], prod["step_3xtf32_regs"]
     step2, step2_regs = prod["step2_3xtf32"], prod["step2_3xtf32_regs"]
-    PAIRED = paired
+    PAIRED, CHAINED = paired, chained
+    chain2 = prod["chained2_3xtf32"]
     recompute_p = _recompute_p(float32, causal)
     uBM = U(BLOCK)
 
@@ -91,20 +94,27 @@ def make_dkdv_kernel(causal, paired=True):
             batches of LOADS, so that a batch is in flight at once (one warp per scheduler
             has nothing else to hide a load's latency behind)."""
             n = U(src.shape[1])
+            tid = U(cuda.threadIdx.x)
+            # element idx = tid + 128 x of the layout is (r, c) = (8 (x // 4) + r_t,
+            # 16 (x % 4) + c_t): core_offset's inverse, with the thread's part computed once
+            # (uint32 index math throughout: Python ints are int64 in Numba, and signed
+            # division and index wraparound cost instructions in every iteration)
+            r_t = (tid // U(4)) % U(8)
+            c_t = (tid // U(32)) * U(4) + tid % U(4)
             vals = cuda.local.array(LOADS, float32)
             for b in range(TILE // WARPGROUP // LOADS):
                 for u in range(LOADS):
-                    idx = cuda.threadIdx.x + (b * LOADS + u) * WARPGROUP
-                    r = U((idx // 512) * 8 + (idx // 4) % 8)      # idx == core_offset(r, c)
-                    c = U(((idx // 32) % 16) * 4 + idx % 4)
+                    x = b * LOADS + u
+                    r = U(8 * (x // 4)) + r_t
+                    c = U(16 * (x % 4)) + c_t
                     if transposed:
                         r, c = c, r
-                    x = float32(0.0)
+                    val = float32(0.0)
                     if row0 + r < n and c < d:
-                        x = src[head, row0 + r, c] * mult
-                    vals[u] = x
+                        val = src[head, row0 + r, c] * mult
+                    vals[u] = val
                 for u in range(LOADS):
-                    idx = cuda.threadIdx.x + (b * LOADS + u) * WARPGROUP
+                    idx = tid + U((b * LOADS + u) * WARPGROUP)
                     big, small = split_tf32(vals[u])
                     sm[at + idx] = big
                     sm[at + TILE + idx] = small
@@ -134,14 +144,12 @@ def make_dkdv_kernel(causal, paired=True):
         """The register A fragment (big, small) of step s of X^T, X the 64 x 64 tile at sm[at]
         (K-major: element (a, b) at core_offset(a, b, 64)): X^T's rows are b, its contraction
         a; entries in wgmma.a_fragment_index's order."""
-        r = warp * U(16) + lane // U(4)               # rows r, r + 8 of X^T
-        i = U(STEP * s) + lane % U(4)                  # contraction i, i + 4
-        o0 = at + core_offset(i, r, D_PAD)
-        o1 = at + core_offset(i, r + U(8), D_PAD)
-        o2 = at + core_offset(i + U(4), r, D_PAD)
-        o3 = at + core_offset(i + U(4), r + U(8), D_PAD)
+        # core_offset(8 s + t (+ 4), 16 warp + g (+ 8), 64): a base plus 16 and 64
+        g, t = lane // U(4), lane % U(4)
+        o0 = at + U(512) * U(s) + (warp * U(4) + g // U(4)) * U(32) + t * U(4) + g % U(4)
+        o1, o2, o3 = o0 + U(64), o0 + U(16), o0 + U(80)
         return ((sm[o0], sm[o1], sm[o2], sm[o3]),
-                (sm[o0 + TILE], sm[o1 + TILE], sm[o2 + TILE], sm[o3 + TILE]))
+                (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
 
     @kernel_jit(WARPGROUP)
     def dkdv_wgmma(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -167,7 +175,11 @@ def make_dkdv_kernel(causal, paired=True):
             m_start = (n0 + nq - nk) // uBM * uBM
         kv_heads = heads // group
         b_idx = U(cuda.blockIdx.y // kv_heads)
-        row = warp * U(16) + lane // U(4)              # this thread's rows: row, row + 8
+        # this thread's accumulator entries (wgmma.position): rows row and row + 8, columns
+        # col_t and col_t + 1 of each 8-column group; pt_base: core_offset(col_t, row, 64)
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        pt_base = (warp * U(4) + g4 // U(4)) * U(32) + t4 * U(8) + g4 % U(4)
         for g in range(group):
             bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
             m0 = m_start
@@ -183,7 +195,11 @@ def make_dkdv_kernel(causal, paired=True):
                 cuda.syncthreads()
                 clear(s_acc)
                 clear(dp_acc)
-                for s in range(STEPS):
+                if CHAINED:
+                    add2(s_acc, dp_acc, chain2(sm, U(Q_T), U(Q_T + TILE), U(K_T),
+                                               U(K_T + TILE), U(DO_T), U(DO_T + TILE),
+                                               U(V_T), U(V_T + TILE)))
+                for s in range(0 if CHAINED else STEPS):
                     if PAIRED:
                         add2(s_acc, dp_acc, step2(sm, U(Q_T), U(Q_T + TILE), U(K_T),
                                                   U(K_T + TILE), U(DO_T), U(DO_T + TILE),
@@ -193,14 +209,16 @@ def make_dkdv_kernel(causal, paired=True):
                         add(dp_acc, step(sm, U(DO_T), U(DO_T + TILE), U(V_T), U(V_T + TILE),
                                          s))
                 for nt in range(REGS // 4):            # nested: LLVM unrolls both
-                    for e in range(4):
+                    for e in range(4):                 # entry j at wgmma.position(j, ...)
                         j = 4 * nt + e
-                        il, jl = position(j, warp, lane)
-                        hi = e // 2
-                        p = recompute_p(s_acc[j], lse1 if hi else lse0, m0 + U(il),
-                                        n0 + U(jl), nq, nk)
+                        hi, b = e // 2, e % 2
+                        il = row + U(8 * hi)
+                        jl = U(8 * nt + b) + col_t
+                        p = recompute_p(s_acc[j], lse1 if hi else lse0, m0 + il, n0 + jl,
+                                        nq, nk)
                         ds = p * (dp_acc[j] - (D1 if hi else D0))
-                        off = core_offset(U(jl), U(il), BLOCK)    # P^T, dS^T: rows j, K = i
+                        # P^T, dS^T (rows j, K-major over i): core_offset(jl, il, 64)
+                        off = pt_base + U(512 * nt + 64 * hi + 4 * b)
                         pb, ps = split_tf32(p)
                         db, dsm = split_tf32(ds)
                         sm[U(PT_T) + off] = pb
@@ -226,11 +244,12 @@ def make_dkdv_kernel(causal, paired=True):
                     a_big, a_small = transposed_fragment(sm, U(DST_T), s, warp, lane)
                     add(dq_acc, step_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), s,
                                           U(SCRATCH_AT)))
-                for j in range(REGS):
-                    il, c = position(j, warp, lane)
-                    i = m0 + U(il)
-                    if i < nq and U(c) < d:
-                        cuda.atomic.add(dq, (bh, i, U(c)), dq_acc[j] * scale)
+                for nt in range(REGS // 4):
+                    for e in range(4):
+                        i = i1 if e // 2 else i0
+                        c = U(8 * nt + e % 2) + col_t
+                        if i < nq and c < d:
+                            cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
                 cuda.syncthreads()                     # every warp is done with the tiles
                 m0 += uBM
 
@@ -244,7 +263,7 @@ def make_dkdv_kernel(causal, paired=True):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m=BLOCK, block_n=BLOCK, paired=True):
+                 block_m=BLOCK, block_n=BLOCK, paired=True, chained=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
     kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible."""
@@ -255,6 +274,6 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), q.dtype)
     pre, tpb = make_preprocess_kernel(d, q.dtype, clear=True)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
-    kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired))
+    kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained))
     kernel[(ceil_div(nk, BLOCK), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq,
                                             np.float32(scale), heads, group)

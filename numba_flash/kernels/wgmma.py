@@ -194,6 +194,52 @@ else:
         return steps
 
 
+    def _chained_intrinsic(n, products_, steps):
+        """`products_` products of `steps` 3xTF32 steps each, all operands in shared memory,
+        chained in the tensor core's accumulators (one fresh accumulator per product, scale-d
+        false on its first wgmma) in one fence / commit / wait block. Arguments per product:
+        the four descriptors of step 0 (a_big, a_small, b_big, b_small); step s adds 256 s
+        bytes (16 s in the descriptors' address field, which counts 16-byte units)."""
+        regs = n // 2
+        outs = products_ * regs
+        lines = ["{", ".reg .pred p;", ".reg .b64 ab, as, bb, bs;",
+                 f"setp.ne.b32 p, ${outs + 4 * products_}, 0;", "wgmma.fence.sync.aligned;"]
+        for x in range(products_):
+            acc = "{" + ", ".join(f"${x * regs + i}" for i in range(regs)) + "}"
+            mma = f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {acc}"
+            a = outs + 4 * x
+            for s in range(steps):
+                lines += [f"add.s64 {r}, ${a + i}, {16 * s};"
+                          for i, r in enumerate(("ab", "as", "bb", "bs"))]
+                lines += [f"{mma}, as, bb, {'p' if s == 0 else '1'}, 1, 1;",
+                          f"{mma}, ab, bs, 1, 1, 1;", f"{mma}, ab, bb, 1, 1, 1;"]
+        lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+        text = "\n".join(lines)
+        constraints = ",".join(["=f"] * outs + ["l"] * (4 * products_) + ["r"]
+                               + [str(i) for i in range(outs)])
+        result = types.UniTuple(types.float32, outs)
+
+        def codegen(context, builder, sig, llargs):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * outs),
+                                 [ir.IntType(64)] * (4 * products_) + [i32] + [f32] * outs)
+            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
+            zero = ir.Constant(f32, 0.0)
+            res = builder.call(asm, list(llargs) + [ir.Constant(i32, 0)] + [zero] * outs)
+            return context.make_tuple(builder, result, [builder.extract_value(res, i)
+                                                        for i in range(outs)])
+        assert products_ == 2
+
+        @intrinsic
+        def chained(typingctx, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
+                    b2_small):
+            args = (a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big, b2_small)
+            if any(x != types.uint64 for x in args):
+                return None
+            return result(*args), codegen
+        return chained
+
+
 @functools.lru_cache(maxsize=None)
 def products(n, KA, KB):
     """dict(step_3xtf32=..., regs=n // 2) for a 64 x n block, A 64 x KA and B n x KB (see the
@@ -249,8 +295,23 @@ def products(n, KA, KB):
                               b2_small, s, scratch):
             return (step_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch)
                     + step_3xtf32_regs(sm, a2_big, a2_small, b2_big, b2_small, s, scratch))
+        @cuda.jit(device=True)
+        def chained2_3xtf32(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
+                            b2_small):
+            # modelled as one exact sum over the whole contraction, rounded once (the tensor
+            # core's own chained additions are not modelled)
+            r, c = entries((cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32)
+            k = np.arange(KA)
+            ka = core_offset_host(r[:, None], k, KA)
+            kb = core_offset_host(c[:, None], k, KB)
+            out = tuple(step_3xtf32_parts(sm[a_big + ka], sm[a_small + ka], sm[b_big + kb],
+                                          sm[b_small + kb]))
+            out2 = tuple(step_3xtf32_parts(sm[a2_big + ka], sm[a2_small + ka],
+                                           sm[b2_big + kb], sm[b2_small + kb]))
+            return tuple(float32(x) for x in out + out2)
         return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs,
-                    step2_3xtf32=step2_3xtf32, step2_3xtf32_regs=step2_3xtf32_regs, regs=regs)
+                    step2_3xtf32=step2_3xtf32, step2_3xtf32_regs=step2_3xtf32_regs,
+                    chained2_3xtf32=chained2_3xtf32, regs=regs)
 
     smem1, regs1 = _steps_intrinsic(n, ("smem",)), _steps_intrinsic(n, ("regs",))
     smem2, regs2 = _steps_intrinsic(n, ("smem", "smem")), _steps_intrinsic(n, ("regs", "regs"))
@@ -290,5 +351,16 @@ def products(n, KA, KB):
         return regs2(a_big, a_small, descriptor(base, b_big, s, sbo_b),
                      descriptor(base, b_small, s, sbo_b), a2_big, a2_small,
                      descriptor(base, b2_big, s, sbo_b), descriptor(base, b2_small, s, sbo_b))
+    chain2 = _chained_intrinsic(n, 2, KA // STEP) if KA == KB else None
+
+    @cuda.jit(device=True)
+    def chained2_3xtf32(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
+                        b2_small):
+        base = shared_address(sm)
+        return chain2(descriptor(base, a_big, 0, sbo_a), descriptor(base, a_small, 0, sbo_a),
+                      descriptor(base, b_big, 0, sbo_b), descriptor(base, b_small, 0, sbo_b),
+                      descriptor(base, a2_big, 0, sbo_a), descriptor(base, a2_small, 0, sbo_a),
+                      descriptor(base, b2_big, 0, sbo_b), descriptor(base, b2_small, 0, sbo_b))
     return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs,
-                step2_3xtf32=step2_3xtf32, step2_3xtf32_regs=step2_3xtf32_regs, regs=regs)
+                step2_3xtf32=step2_3xtf32, step2_3xtf32_regs=step2_3xtf32_regs,
+                chained2_3xtf32=chained2_3xtf32, regs=regs)
