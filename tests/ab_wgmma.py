@@ -6,7 +6,8 @@
                                        # TFLOP/s, alternating, two rounds, one process
     python tests/ab_wgmma.py ncu       # one wgmma backward at N = 2k for ncu -k regex:wgmma
 
-Both go through the API with the kernel registered here as "fa2-wgmma". Timing uses the
+Both go through the API with the kernel registered here as "fa2-wgmma" (and its options under
+their own names). Timing uses the
 benchmark's grid (B*H = (16384 / N) (2048 / d)), d = 64, N = 1k, 2k, 4k, and counts the
 backward as 2.5x the forward's FLOPs.
 """
@@ -24,12 +25,16 @@ from numba_flash.testing import Case, check_backward
 
 NAME = "fa2-wgmma"
 register_backward(NAME, backward_wgmma.run_backward, backward_wgmma.default_blocks)
-UNPAIRED = "fa2-wgmma, unpaired"     # one product per tensor-core wait (paired=False)
-register_backward(UNPAIRED, functools.partial(backward_wgmma.run_backward, paired=False),
-                  backward_wgmma.default_blocks)
-CHAINED = "fa2-wgmma, chained"       # S and dP chained in the tensor core (chained=True)
-register_backward(CHAINED, functools.partial(backward_wgmma.run_backward, chained=True),
-                  backward_wgmma.default_blocks)
+# the options of backward_wgmma.make_dkdv_kernel, each registered under its own name
+OPTIONS = {"fa2-wgmma, unpaired": dict(paired=False),
+           "fa2-wgmma, chained": dict(chained=True),
+           "fa2-wgmma, chained, prefetch": dict(chained=True, prefetch=True),
+           "fa2-wgmma, chained, prefetch, unpaired": dict(chained=True, prefetch=True,
+                                                         paired=False)}
+for name, options in OPTIONS.items():
+    register_backward(name, functools.partial(backward_wgmma.run_backward, **options),
+                      backward_wgmma.default_blocks)
+VARIANTS = (NAME, *OPTIONS)
 
 # partial tiles, several Q blocks and K/V blocks, GQA, causal with masked rows, d < 64
 CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
@@ -40,7 +45,7 @@ CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
          Case("logits x1e3", 1, 2, 2, 256, 256, 64, logit_scale=1e3))
 
 
-def check(kernels=(NAME, UNPAIRED, CHAINED)):
+def check(kernels=VARIANTS):
     bad = 0
     for case, name in ((c, n) for c in CASES for n in kernels):
         q, k, v, dout = case.inputs(np.float32)
@@ -68,7 +73,7 @@ def time_ab(d=64, sizes=(1024, 2048, 4096)):
                    for a, b in zip(ours, base))
         print(f"d={d} N={n}: max |wgmma - {DEFAULT_BACKWARD}| = {diff:.2e}", flush=True)
         for rnd in range(2):
-            for name in (DEFAULT_BACKWARD, NAME, UNPAIRED, CHAINED):
+            for name in (DEFAULT_BACKWARD, *VARIANTS):
                 ms = _median_ms(lambda: flash_attention_backward(do, q, k, v, out, lse,
                                                                  kernel=name))
                 print(f"d={d} N={n} round {rnd} {name}: {ms:.2f} ms, "

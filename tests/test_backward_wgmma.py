@@ -2,6 +2,8 @@
 truth within the tolerance rule, on the simulator (its products modelled by wgmma.py) and on a
 GPU; clear errors for what it does not cover."""
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -13,9 +15,12 @@ NAME = "wgmma (test)"
 
 
 @pytest.fixture
-def wgmma_registered():
-    """The wgmma backward in the registry for one test (the API is the way to run it)."""
-    register_backward(NAME, backward_wgmma.run_backward, backward_wgmma.default_blocks)
+def wgmma_registered(request):
+    """The wgmma backward (with the options the test's `options` parameter gives, if any) in
+    the registry for one test (the API is the way to run it)."""
+    options = getattr(request, "param", {})
+    register_backward(NAME, functools.partial(backward_wgmma.run_backward, **options),
+                      backward_wgmma.default_blocks)
     yield NAME
     del BACKWARD[NAME]
 
@@ -40,6 +45,13 @@ def test_wgmma_backward_within_tolerance(case, wgmma_registered):
     check_case(case, wgmma_registered)
 
 
+# two Q blocks of one head, so that the prefetch runs
+@pytest.mark.parametrize("wgmma_registered", [dict(chained=True, prefetch=True, paired=False)],
+                         indirect=True, ids=["chained, prefetch, unpaired"])
+def test_wgmma_backward_options_within_tolerance(wgmma_registered):
+    check_case(SMALL[0], wgmma_registered)
+
+
 def test_wgmma_backward_rejects_what_it_does_not_cover():
     with pytest.raises(ValueError, match="float32 only"):
         backward_wgmma.check(64, np.float64)
@@ -54,5 +66,8 @@ def test_wgmma_backward_rejects_what_it_does_not_cover():
                          + [Case("N = 2048", 1, 4, 4, 2048, 2048, 64),
                             Case("N = 2048, causal, GQA", 1, 4, 2, 2048, 2048, 64, causal=True)],
                          ids=lambda c: c.name)
+@pytest.mark.parametrize("wgmma_registered", [{}, dict(chained=True),
+                                              dict(chained=True, prefetch=True, paired=False)],
+                         indirect=True, ids=["default", "chained", "chained, prefetch, unpaired"])
 def test_gpu_wgmma_backward_within_tolerance(case, wgmma_registered):
     check_case(case, wgmma_registered)

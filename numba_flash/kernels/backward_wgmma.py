@@ -68,23 +68,38 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 
 
 @functools.lru_cache(maxsize=None)
-def make_dkdv_kernel(causal, paired=True, chained=False):
+def make_dkdv_kernel(causal, paired=True, chained=False, prefetch=False):
     """dK, dV and (atomics into dq, which must hold zeros) dQ. Launch grid
     (ceil(Nk / 64), B*Hk), 128 threads, arguments (q, k, v, dout, lse, D, dk, dv, dq, scale,
     heads, group) on (B*H, N, d) float32 arrays, d <= 64.
     paired: S and dP, and dV and dK, each step of the two in one wgmma wait (fewer round trips
     to the tensor core); False: one product per wait. Same sums either way.
     chained: S and dP each summed over the whole head dim in the tensor core's accumulators
-    (one wait for both; wgmma.py: 2-5x the error of steps from zero added in float32)."""
+    (one wait for both; wgmma.py: 2-5x the error of steps from zero added in float32).
+    prefetch: load the next Q and dO tiles of a head into registers while this one is
+    computed (64 registers per thread), put them into shared memory at the end."""
     prod = products(BLOCK, D_PAD, D_PAD)
     step, step_regs = prod["step_3xtf32"], prod["step_3xtf32_regs"]
     step2, step2_regs = prod["step2_3xtf32"], prod["step2_3xtf32_regs"]
-    PAIRED, CHAINED = paired, chained
+    PAIRED, CHAINED, PREFETCH = paired, chained, prefetch
+    NEXT = TILE // WARPGROUP if prefetch else 1
     chain2 = prod["chained2_3xtf32"]
     recompute_p = _recompute_p(float32, causal)
     uBM = U(BLOCK)
 
     def make_stage(transposed):
+        @cuda.jit(device=True)
+        def load(src, head, row0, n, d, mult, x, r_t, c_t):
+            """Element x * 128 + tid of the tile (see stage), or zero outside src."""
+            r = U(8 * (x // 4)) + r_t
+            c = U(16 * (x % 4)) + c_t
+            if transposed:
+                r, c = c, r
+            val = float32(0.0)
+            if row0 + r < n and c < d:
+                val = src[head, row0 + r, c] * mult
+            return val
+
         @cuda.jit(device=True)
         def stage(sm, at, src, head, row0, d, mult):
             """Rows row0.. of src[head] (times mult; zero past its rows or the head dim) as a
@@ -104,23 +119,41 @@ def make_dkdv_kernel(causal, paired=True, chained=False):
             vals = cuda.local.array(LOADS, float32)
             for b in range(TILE // WARPGROUP // LOADS):
                 for u in range(LOADS):
-                    x = b * LOADS + u
-                    r = U(8 * (x // 4)) + r_t
-                    c = U(16 * (x % 4)) + c_t
-                    if transposed:
-                        r, c = c, r
-                    val = float32(0.0)
-                    if row0 + r < n and c < d:
-                        val = src[head, row0 + r, c] * mult
-                    vals[u] = val
+                    vals[u] = load(src, head, row0, n, d, mult, b * LOADS + u, r_t, c_t)
                 for u in range(LOADS):
                     idx = tid + U((b * LOADS + u) * WARPGROUP)
                     big, small = split_tf32(vals[u])
                     sm[at + idx] = big
                     sm[at + TILE + idx] = small
-        return stage
 
-    stage, stage_kt = make_stage(False), make_stage(True)
+        @cuda.jit(device=True)
+        def fetch(vals, src, head, row0, d, mult):
+            """stage's loads, all of them, into vals (TILE / 128 registers), to be put later."""
+            tid = U(cuda.threadIdx.x)
+            r_t = (tid // U(4)) % U(8)
+            c_t = (tid // U(32)) * U(4) + tid % U(4)
+            for x in range(TILE // WARPGROUP):
+                vals[x] = load(src, head, row0, U(src.shape[1]), d, mult, x, r_t, c_t)
+        return stage, fetch
+
+    (stage, fetch), (stage_kt, _) = make_stage(False), make_stage(True)
+
+    @cuda.jit(device=True)
+    def put(sm, at, vals):
+        """The tile fetch loaded, into shared memory as stage lays it."""
+        tid = U(cuda.threadIdx.x)
+        for x in range(TILE // WARPGROUP):
+            idx = tid + U(x * WARPGROUP)
+            big, small = split_tf32(vals[x])
+            sm[at + idx] = big
+            sm[at + TILE + idx] = small
+
+    @cuda.jit(device=True)
+    def set2(acc, acc2, part):
+        for j in range(REGS):
+            acc[j] = part[j]
+        for j in range(REGS):
+            acc2[j] = part[REGS + j]
 
     @cuda.jit(device=True)
     def add(acc, part):
@@ -164,6 +197,8 @@ def make_dkdv_kernel(causal, paired=True, chained=False):
         dk_acc = cuda.local.array(REGS, float32)     # dK^T (rows: head dim, columns: j)
         dv_acc = cuda.local.array(REGS, float32)     # dV^T
         dq_acc = cuda.local.array(REGS, float32)     # this block's share of dQ_i
+        q_next = cuda.local.array(NEXT, float32)      # prefetch: the next Q tile's elements
+        do_next = cuda.local.array(NEXT, float32)     # and the next dO tile's
         clear(dk_acc)
         clear(dv_acc)
         stage(sm, U(K_T), k, kvh, n0, d, float32(1.0))
@@ -183,9 +218,13 @@ def make_dkdv_kernel(causal, paired=True, chained=False):
         for g in range(group):
             bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
             m0 = m_start
-            while m0 < nq:
+            if PREFETCH and m0 < nq:                   # a head's first tiles: no prefetch
                 stage(sm, U(Q_T), q, bh, m0, d, scale)
                 stage(sm, U(DO_T), dout, bh, m0, d, float32(1.0))
+            while m0 < nq:
+                if not PREFETCH:
+                    stage(sm, U(Q_T), q, bh, m0, d, scale)
+                    stage(sm, U(DO_T), dout, bh, m0, d, float32(1.0))
                 i0, i1 = m0 + row, m0 + row + U(8)
                 lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
                 lse1 = lse[bh, i1] if i1 < nq else float32(NEG_INF)
@@ -193,12 +232,17 @@ def make_dkdv_kernel(causal, paired=True, chained=False):
                 D1 = Dvec[bh, i1] if i1 < nq else float32(0.0)
                 fence_proxy_async()
                 cuda.syncthreads()
-                clear(s_acc)
-                clear(dp_acc)
+                m1 = m0 + uBM
+                if PREFETCH and m1 < nq:               # lands while this tile is computed
+                    fetch(q_next, q, bh, m1, d, scale)
+                    fetch(do_next, dout, bh, m1, d, float32(1.0))
                 if CHAINED:
-                    add2(s_acc, dp_acc, chain2(sm, U(Q_T), U(Q_T + TILE), U(K_T),
+                    set2(s_acc, dp_acc, chain2(sm, U(Q_T), U(Q_T + TILE), U(K_T),
                                                U(K_T + TILE), U(DO_T), U(DO_T + TILE),
                                                U(V_T), U(V_T + TILE)))
+                else:
+                    clear(s_acc)
+                    clear(dp_acc)
                 for s in range(0 if CHAINED else STEPS):
                     if PAIRED:
                         add2(s_acc, dp_acc, step2(sm, U(Q_T), U(Q_T + TILE), U(K_T),
@@ -251,7 +295,10 @@ def make_dkdv_kernel(causal, paired=True, chained=False):
                         if i < nq and c < d:
                             cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
                 cuda.syncthreads()                     # every warp is done with the tiles
-                m0 += uBM
+                if PREFETCH and m1 < nq:
+                    put(sm, U(Q_T), q_next)
+                    put(sm, U(DO_T), do_next)
+                m0 = m1
 
         for j in range(REGS):
             c, jl = position(j, warp, lane)            # dK^T, dV^T: rows c of the head dim
@@ -263,7 +310,7 @@ def make_dkdv_kernel(causal, paired=True, chained=False):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m=BLOCK, block_n=BLOCK, paired=True, chained=False):
+                 block_m=BLOCK, block_n=BLOCK, paired=True, chained=False, prefetch=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
     kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible."""
@@ -274,6 +321,6 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), q.dtype)
     pre, tpb = make_preprocess_kernel(d, q.dtype, clear=True)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
-    kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained))
+    kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained), bool(prefetch))
     kernel[(ceil_div(nk, BLOCK), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq,
                                             np.float32(scale), heads, group)
