@@ -1,7 +1,7 @@
 """Backward on Hopper warpgroup products (wgmma, sm_90a; kernels/wgmma.py): an experiment, not
 registered. float32, head dim up to 64, 64 x 64 tiles, one warpgroup (128 threads) per K/V
 block of 64 rows; every product is 3xTF32 with its operands split once into big and small TF32
-parts (notebooks/data/perf-notes.md, version 12).
+parts (notebooks/data/perf-notes.md, versions 12 and 13).
 
 Per K/V block (rows j), over the query heads sharing its key head and their Q blocks (rows i),
 with the forward's operand roles (M = i, the warpgroup's 64 rows):
@@ -22,6 +22,16 @@ so at large logits P's rows sum to 1 only as well as the NumPy reference's do.
 
 Shared memory: 14 tiles of 64 x 64 floats (K, V, K^T, Q, dO, P^T, dS^T, each as big and small
 parts): 224 KiB of the 227 an H200 block can have, so one block (4 warps) per SM.
+
+Measured on an H200 (2026-11-30, tests/ab_wgmma.py; notebooks/data/wgmma-backward-h200-2026-11-
+30.txt), backward TFLOP/s at d = 64, N = 1k / 2k / 4k: 18.3-18.9 / 21.9-22.5 / 24.5-25.2 with
+the defaults (chained S and dP), against the fa2-atomic default's 23.4-23.7 / 26.1-27.2 /
+28.4-29.2 in the same processes: 0.78-0.89x. Correct: within the tolerance rule on every GPU
+case with d <= 64 and at N = 2k (tests/test_backward_wgmma.py, each option), memcheck and
+racecheck clean. Why it is not faster (Nsight Compute, N = 2k): one warp per scheduler (the
+shared memory allows no second block) issues an instruction on 30 % of cycles and waits on
+fixed-latency dependencies, loads and barriers the rest: latency-bound, with nothing to hide
+it. perf-notes version 13 has the numbers and what a faster design would need.
 """
 
 import functools
@@ -68,7 +78,7 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 
 
 @functools.lru_cache(maxsize=None)
-def make_dkdv_kernel(causal, paired=True, chained=False, prefetch=False):
+def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
     """dK, dV and (atomics into dq, which must hold zeros) dQ. Launch grid
     (ceil(Nk / 64), B*Hk), 128 threads, arguments (q, k, v, dout, lse, D, dk, dv, dq, scale,
     heads, group) on (B*H, N, d) float32 arrays, d <= 64.
@@ -310,7 +320,7 @@ def make_dkdv_kernel(causal, paired=True, chained=False, prefetch=False):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m=BLOCK, block_n=BLOCK, paired=True, chained=False, prefetch=False):
+                 block_m=BLOCK, block_n=BLOCK, paired=True, chained=True, prefetch=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
     kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible."""

@@ -1,7 +1,7 @@
 """Hopper warpgroup products (wgmma, sm_90a) for Numba kernels: TF32 operands in shared memory,
 float32 accuracy by the 3xTF32 split, one warpgroup (4 consecutive warps, 128 threads, the
-first warp's index a multiple of 4) per product. Not used by a registered kernel yet: the
-building block of the next backward (notebooks/data/perf-notes.md, version 12).
+first warp's index a multiple of 4) per product. Used by the experimental backward
+kernels/backward_wgmma.py (not registered; notebooks/data/perf-notes.md, version 13).
 
 Layout. wgmma reads TF32 operands from shared memory only K-major, as "core matrices" of 8 rows
 x 16 bytes (8 x 4 TF32). Here a rows x K tile puts each core matrix's rows next to each other
@@ -15,26 +15,34 @@ and its descriptor has LBO = 128 bytes (the next core matrix along K) and SBO = 
 once as two such tiles, its big and small TF32 parts (mma.split_tf32), so that no product
 loads or splits it again.
 
-    step_3xtf32(sm, a_big, a_small, b_big, b_small, s)  (from `products(n, KA, KB)`)
-        the warpgroup's 64 x n block of A[:, 8s:8s+8] B[:, 8s:8s+8]^T as small_a big_b +
-        big_a small_b + big_a big_b, summed on the tensor core from zero: a tuple of n / 2
-        float32 per thread, entry j at `position(j, warp, lane)` (warp = the warp's index in
-        its warpgroup). A is 64 x KA, B is n x KB, both in the layout above, at the given
-        float offsets into the shared array sm (multiples of 32). Kernels add the steps in
-        float32 themselves: letting the tensor core chain them costs accuracy (below).
+`products(n, KA, KB)` gives, for a 64 x n block, A 64 x KA and B n x KB in that layout at
+float offsets into the shared array sm (multiples of 32):
 
-On an H200 (2026-11-29, tests/wgmma_probe.py): the layout and descriptor fields give A B^T
-exactly on TF32 inputs; wgmma m64n128k8 TF32 runs 407-467 TFLOP/s (mma.sync m16n8k8 280-309);
-3xTF32 with each step from zero errs 2.2-3.9 units of roundoff of sum |ab| at K = 32 / 64 (NumPy
-float32 1.2-2.6), chained in the accumulator 5.3-19.
+    step_3xtf32(sm, a_big, a_small, b_big, b_small, s)
+        the block of A[:, 8s:8s+8] B[:, 8s:8s+8]^T as small_a big_b + big_a small_b +
+        big_a big_b, summed on the tensor core from zero: a tuple of n / 2 float32 per thread,
+        entry j at `position(j, warp, lane)` (warp = the warp's index in its warpgroup).
+    step_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch)
+        the same with A from registers: a_big, a_small tuples of 4 float32, the thread's
+        entries at `a_fragment_index` of the step's 64 x 8 A (mma.m16n8k8's A fragment).
+    step2_3xtf32 / step2_3xtf32_regs
+        two such products (eight operands) in one fence / commit / wait: 2 x n / 2 entries.
+    chained2_3xtf32(sm, <eight operands>)
+        two whole products (KA // 8 steps each), chained in the tensor core's accumulators,
+        one wait.
+Kernels add the steps of step_* in float32 themselves; chaining in the accumulator costs some
+accuracy (below).
+
+On an H200 (2026-11-29 and -30, tests/wgmma_probe.py, tests/test_wgmma.py): the layout and
+descriptor fields give A B^T exactly on TF32 inputs, A from registers too; wgmma m64n128k8 TF32
+runs 407-467 TFLOP/s (mma.sync m16n8k8 280-309); 3xTF32 with each step from zero errs 2.2-3.9
+units of roundoff of sum |ab| at K = 32 / 64 (NumPy float32 1.2-2.6), chained in the
+accumulator 5.3-19; A B^T is not always bitwise (B A^T)^T (2 of 4096 entries differed).
 
 On the simulator (no warpgroup-wide instructions) each thread computes its own entries from the
-shared array with reference.precision.step_3xtf32_parts, the same model as fa2_mma's.
-
-Status (2026-11-29): the probe's intrinsics, moved here; what is new here, the three products of
-a step in one fence / commit / wait block and the descriptors' step offsets, assembles for
-sm_90a to HGMMA (ptxas) and matches the model on the simulator, but has not run on a GPU yet:
-tests/test_wgmma.py's gpu tests are the check to run first.
+shared array with reference.precision.step_3xtf32_parts, the same model as fa2_mma's; a register
+A operand goes through `SCRATCH` floats of shared memory at `scratch` there (unused on a GPU).
+The chained products are modelled as one exact sum rounded once, not the tensor core's chain.
 """
 
 import functools
