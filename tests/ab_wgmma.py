@@ -1,15 +1,17 @@
 """The experimental wgmma backward (kernels/backward_wgmma.py) on a GPU, not a pytest module.
 
-    python tests/ab_wgmma.py check     # odd float32 cases within tolerance (exit 1 if not);
-                                       # run under compute-sanitizer memcheck / racecheck
-    python tests/ab_wgmma.py time      # A/B against the default backward (fa2-atomic):
-                                       # TFLOP/s, alternating, two rounds, one process
-    python tests/ab_wgmma.py ncu       # one wgmma backward at N = 2k for ncu -k regex:wgmma
+    python tests/ab_wgmma.py check [NAME ...]  # odd float32 cases within tolerance (exit 1
+                                              # if not); under compute-sanitizer too
+    python tests/ab_wgmma.py time [NAME ...]   # A/B against the default backward
+                                              # (fa2-atomic): TFLOP/s, alternating, two
+                                              # rounds, one process
+    python tests/ab_wgmma.py ncu              # one wgmma backward at N = 2k, for
+                                              # ncu -k regex:wgmma
 
-Both go through the API with the kernel registered here as "fa2-wgmma" (and its options under
-their own names). Timing uses the
-benchmark's grid (B*H = (16384 / N) (2048 / d)), d = 64, N = 1k, 2k, 4k, and counts the
-backward as 2.5x the forward's FLOPs.
+Everything goes through the API, the kernel registered here as "fa2-wgmma" and its options
+under their own names (NAME: every one of them if none is given). Timing uses the benchmark's
+grid (B*H = (16384 / N) (2048 / d)), d = 64, N = 1k, 2k, 4k, and counts the backward as 2.5x
+the forward's FLOPs.
 """
 import functools
 import sys
@@ -30,7 +32,8 @@ register_backward(NAME, backward_wgmma.run_backward, backward_wgmma.default_bloc
 OPTIONS = {"fa2-wgmma, steps": dict(chained=False),
            "fa2-wgmma, steps, unpaired": dict(chained=False, paired=False),
            "fa2-wgmma, prefetch": dict(prefetch=True),
-           "fa2-wgmma, prefetch, unpaired": dict(prefetch=True, paired=False)}
+           "fa2-wgmma, prefetch, unpaired": dict(prefetch=True, paired=False),
+           "fa2-wgmma, lean": dict(lean=True)}
 for name, options in OPTIONS.items():
     register_backward(name, functools.partial(backward_wgmma.run_backward, **options),
                       backward_wgmma.default_blocks)
@@ -59,7 +62,7 @@ def check(kernels=VARIANTS):
     return 1 if bad else 0
 
 
-def time_ab(d=64, sizes=(1024, 2048, 4096)):
+def time_ab(d=64, sizes=(1024, 2048, 4096), variants=VARIANTS):
     rng = np.random.default_rng(0)
     for n in sizes:
         bh = (16384 // n) * (2048 // d)
@@ -73,7 +76,7 @@ def time_ab(d=64, sizes=(1024, 2048, 4096)):
                    for a, b in zip(ours, base))
         print(f"d={d} N={n}: max |wgmma - {DEFAULT_BACKWARD}| = {diff:.2e}", flush=True)
         for rnd in range(2):
-            for name in (DEFAULT_BACKWARD, *VARIANTS):
+            for name in (DEFAULT_BACKWARD, *variants):
                 ms = _median_ms(lambda: flash_attention_backward(do, q, k, v, out, lse,
                                                                  kernel=name))
                 print(f"d={d} N={n} round {rnd} {name}: {ms:.2f} ms, "
@@ -91,8 +94,9 @@ def one_for_ncu(d=64, n=2048):
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["check"]:
-        sys.exit(check())
-    if sys.argv[1:] == ["ncu"]:
+    what, names = (sys.argv[1:2] or ["time"])[0], sys.argv[2:]
+    if what == "check":
+        sys.exit(check(names or VARIANTS))
+    if what == "ncu":
         sys.exit(one_for_ncu())
-    time_ab()
+    time_ab(variants=names or VARIANTS)

@@ -69,8 +69,9 @@ TWO_BLOCKS = Case("two Q blocks, causal", 1, 1, 1, 70, 9, 4, causal=True)
 
 
 @pytest.mark.parametrize("wgmma_registered", [dict(chained=False),
-                                              dict(prefetch=True, paired=False)],
-                         indirect=True, ids=["steps", "prefetch, unpaired"])
+                                              dict(prefetch=True, paired=False),
+                                              dict(lean=True)],
+                         indirect=True, ids=["steps", "prefetch, unpaired", "lean"])
 def test_wgmma_backward_options_within_tolerance(wgmma_registered):
     check_case(TWO_BLOCKS, wgmma_registered)
 
@@ -90,7 +91,8 @@ def test_wgmma_backward_rejects_what_it_does_not_cover():
                             Case("N = 2048, causal, GQA", 1, 4, 2, 2048, 2048, 64, causal=True)],
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("wgmma_registered", [{}, dict(chained=False),
-                                              dict(prefetch=True, paired=False)],
-                         indirect=True, ids=["default", "steps", "prefetch, unpaired"])
+                                              dict(prefetch=True, paired=False),
+                                              dict(lean=True)],
+                         indirect=True, ids=["default", "steps", "prefetch, unpaired", "lean"])
 def test_gpu_wgmma_backward_within_tolerance(case, wgmma_registered):
     check_case(case, wgmma_registered)

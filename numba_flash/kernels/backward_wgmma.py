@@ -77,6 +77,104 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
                          f"block_n={block_n}")
 
 
+def make_stage(transposed):
+    @cuda.jit(device=True)
+    def load(src, head, row0, n, d, mult, x, r_t, c_t):
+        """Element x * 128 + tid of the tile (see stage), or zero outside src."""
+        r = U(8 * (x // 4)) + r_t
+        c = U(16 * (x % 4)) + c_t
+        if transposed:
+            r, c = c, r
+        val = float32(0.0)
+        if row0 + r < n and c < d:
+            val = src[head, row0 + r, c] * mult
+        return val
+
+    @cuda.jit(device=True)
+    def stage(sm, at, src, head, row0, d, mult):
+        """Rows row0.. of src[head] (times mult; zero past its rows or the head dim) as a
+        64 x 64 tile, K-major over the head dim (transposed: over the rows, the tile's rows
+        being the head dim), at sm[at] (big) and sm[at + TILE] (small). Thread-index
+        order is the layout's own, so a warp writes one 512-byte run; the loads go in
+        batches of LOADS, so that a batch is in flight at once (one warp per scheduler
+        has nothing else to hide a load's latency behind)."""
+        n = U(src.shape[1])
+        tid = U(cuda.threadIdx.x)
+        # element idx = tid + 128 x of the layout is (r, c) = (8 (x // 4) + r_t,
+        # 16 (x % 4) + c_t): core_offset's inverse, with the thread's part computed once
+        # (uint32 index math throughout: Python ints are int64 in Numba, and signed
+        # division and index wraparound cost instructions in every iteration)
+        r_t = (tid // U(4)) % U(8)
+        c_t = (tid // U(32)) * U(4) + tid % U(4)
+        vals = cuda.local.array(LOADS, float32)
+        for b in range(TILE // WARPGROUP // LOADS):
+            for u in range(LOADS):
+                vals[u] = load(src, head, row0, n, d, mult, b * LOADS + u, r_t, c_t)
+            for u in range(LOADS):
+                idx = tid + U((b * LOADS + u) * WARPGROUP)
+                big, small = split_tf32(vals[u])
+                sm[at + idx] = big
+                sm[at + TILE + idx] = small
+
+    @cuda.jit(device=True)
+    def fetch(vals, src, head, row0, d, mult):
+        """stage's loads, all of them, into vals (TILE / 128 registers), to be put later."""
+        tid = U(cuda.threadIdx.x)
+        r_t = (tid // U(4)) % U(8)
+        c_t = (tid // U(32)) * U(4) + tid % U(4)
+        for x in range(TILE // WARPGROUP):
+            vals[x] = load(src, head, row0, U(src.shape[1]), d, mult, x, r_t, c_t)
+    return stage, fetch
+
+(stage, fetch), (stage_kt, _) = make_stage(False), make_stage(True)
+
+@cuda.jit(device=True)
+def put(sm, at, vals):
+    """The tile fetch loaded, into shared memory as stage lays it."""
+    tid = U(cuda.threadIdx.x)
+    for x in range(TILE // WARPGROUP):
+        idx = tid + U(x * WARPGROUP)
+        big, small = split_tf32(vals[x])
+        sm[at + idx] = big
+        sm[at + TILE + idx] = small
+
+@cuda.jit(device=True)
+def set2(acc, acc2, part):
+    for j in range(REGS):
+        acc[j] = part[j]
+    for j in range(REGS):
+        acc2[j] = part[REGS + j]
+
+@cuda.jit(device=True)
+def add(acc, part):
+    for j in range(REGS):
+        acc[j] += part[j]
+
+@cuda.jit(device=True)
+def add2(acc, acc2, part):
+    for j in range(REGS):
+        acc[j] += part[j]
+    for j in range(REGS):
+        acc2[j] += part[REGS + j]
+
+@cuda.jit(device=True)
+def clear(acc):
+    for j in range(REGS):
+        acc[j] = float32(0.0)
+
+@cuda.jit(device=True)
+def transposed_fragment(sm, at, s, warp, lane):
+    """The register A fragment (big, small) of step s of X^T, X the 64 x 64 tile at sm[at]
+    (K-major: element (a, b) at core_offset(a, b, 64)): X^T's rows are b, its contraction
+    a; entries in wgmma.a_fragment_index's order."""
+    # core_offset(8 s + t (+ 4), 16 warp + g (+ 8), 64): a base plus 16 and 64
+    g, t = lane // U(4), lane % U(4)
+    o0 = at + U(512) * U(s) + (warp * U(4) + g // U(4)) * U(32) + t * U(4) + g % U(4)
+    o1, o2, o3 = o0 + U(64), o0 + U(16), o0 + U(80)
+    return ((sm[o0], sm[o1], sm[o2], sm[o3]),
+            (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
+
+
 @functools.lru_cache(maxsize=None)
 def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
     """dK, dV and (atomics into dq, which must hold zeros) dQ. Launch grid
@@ -96,103 +194,6 @@ def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
     chain2 = prod["chained2_3xtf32"]
     recompute_p = _recompute_p(float32, causal)
     uBM = U(BLOCK)
-
-    def make_stage(transposed):
-        @cuda.jit(device=True)
-        def load(src, head, row0, n, d, mult, x, r_t, c_t):
-            """Element x * 128 + tid of the tile (see stage), or zero outside src."""
-            r = U(8 * (x // 4)) + r_t
-            c = U(16 * (x % 4)) + c_t
-            if transposed:
-                r, c = c, r
-            val = float32(0.0)
-            if row0 + r < n and c < d:
-                val = src[head, row0 + r, c] * mult
-            return val
-
-        @cuda.jit(device=True)
-        def stage(sm, at, src, head, row0, d, mult):
-            """Rows row0.. of src[head] (times mult; zero past its rows or the head dim) as a
-            64 x 64 tile, K-major over the head dim (transposed: over the rows, the tile's rows
-            being the head dim), at sm[at] (big) and sm[at + TILE] (small). Thread-index
-            order is the layout's own, so a warp writes one 512-byte run; the loads go in
-            batches of LOADS, so that a batch is in flight at once (one warp per scheduler
-            has nothing else to hide a load's latency behind)."""
-            n = U(src.shape[1])
-            tid = U(cuda.threadIdx.x)
-            # element idx = tid + 128 x of the layout is (r, c) = (8 (x // 4) + r_t,
-            # 16 (x % 4) + c_t): core_offset's inverse, with the thread's part computed once
-            # (uint32 index math throughout: Python ints are int64 in Numba, and signed
-            # division and index wraparound cost instructions in every iteration)
-            r_t = (tid // U(4)) % U(8)
-            c_t = (tid // U(32)) * U(4) + tid % U(4)
-            vals = cuda.local.array(LOADS, float32)
-            for b in range(TILE // WARPGROUP // LOADS):
-                for u in range(LOADS):
-                    vals[u] = load(src, head, row0, n, d, mult, b * LOADS + u, r_t, c_t)
-                for u in range(LOADS):
-                    idx = tid + U((b * LOADS + u) * WARPGROUP)
-                    big, small = split_tf32(vals[u])
-                    sm[at + idx] = big
-                    sm[at + TILE + idx] = small
-
-        @cuda.jit(device=True)
-        def fetch(vals, src, head, row0, d, mult):
-            """stage's loads, all of them, into vals (TILE / 128 registers), to be put later."""
-            tid = U(cuda.threadIdx.x)
-            r_t = (tid // U(4)) % U(8)
-            c_t = (tid // U(32)) * U(4) + tid % U(4)
-            for x in range(TILE // WARPGROUP):
-                vals[x] = load(src, head, row0, U(src.shape[1]), d, mult, x, r_t, c_t)
-        return stage, fetch
-
-    (stage, fetch), (stage_kt, _) = make_stage(False), make_stage(True)
-
-    @cuda.jit(device=True)
-    def put(sm, at, vals):
-        """The tile fetch loaded, into shared memory as stage lays it."""
-        tid = U(cuda.threadIdx.x)
-        for x in range(TILE // WARPGROUP):
-            idx = tid + U(x * WARPGROUP)
-            big, small = split_tf32(vals[x])
-            sm[at + idx] = big
-            sm[at + TILE + idx] = small
-
-    @cuda.jit(device=True)
-    def set2(acc, acc2, part):
-        for j in range(REGS):
-            acc[j] = part[j]
-        for j in range(REGS):
-            acc2[j] = part[REGS + j]
-
-    @cuda.jit(device=True)
-    def add(acc, part):
-        for j in range(REGS):
-            acc[j] += part[j]
-
-    @cuda.jit(device=True)
-    def add2(acc, acc2, part):
-        for j in range(REGS):
-            acc[j] += part[j]
-        for j in range(REGS):
-            acc2[j] += part[REGS + j]
-
-    @cuda.jit(device=True)
-    def clear(acc):
-        for j in range(REGS):
-            acc[j] = float32(0.0)
-
-    @cuda.jit(device=True)
-    def transposed_fragment(sm, at, s, warp, lane):
-        """The register A fragment (big, small) of step s of X^T, X the 64 x 64 tile at sm[at]
-        (K-major: element (a, b) at core_offset(a, b, 64)): X^T's rows are b, its contraction
-        a; entries in wgmma.a_fragment_index's order."""
-        # core_offset(8 s + t (+ 4), 16 warp + g (+ 8), 64): a base plus 16 and 64
-        g, t = lane // U(4), lane % U(4)
-        o0 = at + U(512) * U(s) + (warp * U(4) + g // U(4)) * U(32) + t * U(4) + g % U(4)
-        o1, o2, o3 = o0 + U(64), o0 + U(16), o0 + U(80)
-        return ((sm[o0], sm[o1], sm[o2], sm[o3]),
-                (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
 
     @kernel_jit(WARPGROUP)
     def dkdv_wgmma(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -319,8 +320,167 @@ def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
     return DynamicSharedKernel(dkdv_wgmma, NBYTES), WARPGROUP
 
 
+# lean: shared memory for K, V and one per-Q-block tile only (P^T, then dS^T, then dS), 96 KiB,
+# so that two blocks fit on an SM; the A operands of every product come through registers
+W_T = 4 * TILE             # after K (0) and V (2 TILE), each big + small
+LEAN_SCRATCH_AT = 6 * TILE
+LEAN_NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
+
+
+def make_global_fragment(transposed):
+    @cuda.jit(device=True)
+    def element(src, head, row0, r, c, mult, n, d):
+        if transposed:                         # X^T[r, c] = src[row0 + c, r]
+            r, c = c, r
+        x = float32(0.0)
+        if row0 + r < n and c < d:
+            x = src[head, row0 + r, c] * mult
+        return x
+
+    @cuda.jit(device=True)
+    def global_fragment(src, head, row0, s, mult, d, warp, lane):
+        """The register A fragment (big, small) of step s of X = mult src[head, row0:row0+64, :]
+        (transposed: of X^T), read from global memory and split, entries in
+        wgmma.a_fragment_index's order; zero outside src."""
+        n = U(src.shape[1])
+        r = warp * U(16) + lane // U(4)
+        c = U(STEP * s) + lane % U(4)
+        b0, s0 = split_tf32(element(src, head, row0, r, c, mult, n, d))
+        b1, s1 = split_tf32(element(src, head, row0, r + U(8), c, mult, n, d))
+        b2, s2 = split_tf32(element(src, head, row0, r, c + U(4), mult, n, d))
+        b3, s3 = split_tf32(element(src, head, row0, r + U(8), c + U(4), mult, n, d))
+        return (b0, b1, b2, b3), (s0, s1, s2, s3)
+    return global_fragment
+
+
+@functools.lru_cache(maxsize=None)
+def make_lean_kernel(causal):
+    """make_dkdv_kernel's kernel with 96 KiB of shared memory (two blocks per SM): K and V staged,
+    every A operand read from global memory (Q, dO and their transposes) or from the K tile (K^T)
+    into registers, and one 64 x 64 tile that holds P^T for dV^T += dO^T P, then dS^T for
+    dK^T += Q^T dS, then dS for dQ^T = K^T dS^T (M = d; dQ added with atomics). Five barriers
+    per Q block instead of three; steps from zero, S and dP paired. Same launch and arguments."""
+    prod = products(BLOCK, D_PAD, D_PAD)
+    step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
+    recompute_p = _recompute_p(float32, causal)
+    fragment, fragment_t = make_global_fragment(False), make_global_fragment(True)
+    uBM = U(BLOCK)
+
+    @cuda.jit(device=True)
+    def accumulate_w(sm, acc, src, head, row0, mult, d, warp, lane):
+        """acc += X^T W over 8 steps, X = mult src[head, row0:row0+64] from global memory."""
+        for s in range(STEPS):
+            a_big, a_small = fragment_t(src, head, row0, s, mult, d, warp, lane)
+            add(acc, step_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), s, U(LEAN_SCRATCH_AT)))
+
+    @kernel_jit(WARPGROUP)
+    def dkdv_wgmma_lean(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        kvh = U(cuda.blockIdx.y)
+        tid = U(cuda.threadIdx.x)
+        warp, lane = tid // U(32), tid % U(32)
+        n0 = U(cuda.blockIdx.x) * uBM
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        s_acc = cuda.local.array(REGS, float32)      # S, then P
+        dp_acc = cuda.local.array(REGS, float32)     # dP, then dS
+        dk_acc = cuda.local.array(REGS, float32)     # dK^T (rows: head dim, columns: j)
+        dv_acc = cuda.local.array(REGS, float32)     # dV^T
+        dq_acc = cuda.local.array(REGS, float32)     # dQ^T of this block (rows: head dim)
+        clear(dk_acc)
+        clear(dv_acc)
+        stage(sm, U(K_T), k, kvh, n0, d, float32(1.0))
+        stage(sm, U(V_T), v, kvh, n0, d, float32(1.0))
+        m_start = U(0)
+        if causal and n0 + nq > nk:
+            m_start = (n0 + nq - nk) // uBM * uBM
+        kv_heads = heads // group
+        b_idx = U(cuda.blockIdx.y // kv_heads)
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        pt_base = (warp * U(4) + g4 // U(4)) * U(32) + t4 * U(8) + g4 % U(4)
+        # dS (rows i, K-major over j): core_offset(row, col_t, 64)
+        ds_base = warp * U(1024) + (t4 // U(2)) * U(32) + g4 * U(4) + (t4 % U(2)) * U(2)
+        fence_proxy_async()
+        cuda.syncthreads()
+        for g in range(group):
+            bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            m0 = m_start
+            while m0 < nq:
+                i0, i1 = m0 + row, m0 + row + U(8)
+                lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
+                lse1 = lse[bh, i1] if i1 < nq else float32(NEG_INF)
+                D0 = Dvec[bh, i0] if i0 < nq else float32(0.0)
+                D1 = Dvec[bh, i1] if i1 < nq else float32(0.0)
+                clear(s_acc)
+                clear(dp_acc)
+                for s in range(STEPS):
+                    q_big, q_small = fragment(q, bh, m0, s, scale, d, warp, lane)
+                    do_big, do_small = fragment(dout, bh, m0, s, float32(1.0), d, warp, lane)
+                    add2(s_acc, dp_acc, step2_regs(sm, q_big, q_small, U(K_T), U(K_T + TILE),
+                                                   do_big, do_small, U(V_T), U(V_T + TILE), s,
+                                                   U(LEAN_SCRATCH_AT)))
+                for nt in range(REGS // 4):
+                    for e in range(4):
+                        j = 4 * nt + e
+                        hi, b = e // 2, e % 2
+                        il = row + U(8 * hi)
+                        jl = U(8 * nt + b) + col_t
+                        p = recompute_p(s_acc[j], lse1 if hi else lse0, m0 + il, n0 + jl,
+                                        nq, nk)
+                        s_acc[j] = p
+                        dp_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
+                        off = pt_base + U(512 * nt + 64 * hi + 4 * b)
+                        pb, ps = split_tf32(p)
+                        sm[U(W_T) + off] = pb
+                        sm[U(W_T + TILE) + off] = ps
+                fence_proxy_async()
+                cuda.syncthreads()
+                accumulate_w(sm, dv_acc, dout, bh, m0, float32(1.0), d, warp, lane)
+                cuda.syncthreads()                     # P^T read by every warp
+                for nt in range(REGS // 4):
+                    for e in range(4):
+                        off = pt_base + U(512 * nt + 64 * (e // 2) + 4 * (e % 2))
+                        db, dsm = split_tf32(dp_acc[4 * nt + e])
+                        sm[U(W_T) + off] = db
+                        sm[U(W_T + TILE) + off] = dsm
+                fence_proxy_async()
+                cuda.syncthreads()
+                accumulate_w(sm, dk_acc, q, bh, m0, scale, d, warp, lane)
+                cuda.syncthreads()                     # dS^T read by every warp
+                for nt in range(REGS // 4):
+                    for e in range(4):
+                        off = ds_base + U(512 * (e // 2) + 64 * nt + e % 2)
+                        db, dsm = split_tf32(dp_acc[4 * nt + e])
+                        sm[U(W_T) + off] = db
+                        sm[U(W_T + TILE) + off] = dsm
+                fence_proxy_async()
+                cuda.syncthreads()
+                clear(dq_acc)
+                for s in range(STEPS):
+                    a_big, a_small = transposed_fragment(sm, U(K_T), s, warp, lane)
+                    add(dq_acc, step_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), s,
+                                          U(LEAN_SCRATCH_AT)))
+                for nt in range(REGS // 4):
+                    for e in range(4):                 # dQ^T entry (head dim c, query i)
+                        c = row + U(8 * (e // 2))
+                        i = m0 + U(8 * nt + e % 2) + col_t
+                        if i < nq and c < d:
+                            cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
+                cuda.syncthreads()                     # dS read by every warp
+                m0 += uBM
+
+        for j in range(REGS):
+            c, jl = position(j, warp, lane)            # dK^T, dV^T: rows c of the head dim
+            if n0 + U(jl) < nk and U(c) < d:
+                dk[kvh, n0 + U(jl), U(c)] = dk_acc[j]
+                dv[kvh, n0 + U(jl), U(c)] = dv_acc[j]
+
+    return DynamicSharedKernel(dkdv_wgmma_lean, LEAN_NBYTES), WARPGROUP
+
+
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m=BLOCK, block_n=BLOCK, paired=True, chained=True, prefetch=False):
+                 block_m=BLOCK, block_n=BLOCK, paired=True, chained=True, prefetch=False,
+                 lean=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
     kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible."""
@@ -331,6 +491,10 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), q.dtype)
     pre, tpb = make_preprocess_kernel(d, q.dtype, clear=True)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
-    kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained), bool(prefetch))
+    if lean:                                   # make_lean_kernel: its own fixed choices
+        kernel, tpb = make_lean_kernel(bool(causal))
+    else:
+        kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained),
+                                       bool(prefetch))
     kernel[(ceil_div(nk, BLOCK), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq,
                                             np.float32(scale), heads, group)
