@@ -31,7 +31,10 @@ case with d <= 64 and at N = 2k (tests/test_backward_wgmma.py, each option), mem
 racecheck clean. Why it is not faster (Nsight Compute, N = 2k): one warp per scheduler (the
 shared memory allows no second block) issues an instruction on 30 % of cycles and waits on
 fixed-latency dependencies, loads and barriers the rest: latency-bound, with nothing to hide
-it. perf-notes version 13 has the numbers and what a faster design would need.
+it. `make_lean_kernel` (run_backward's lean=True) takes that away: 96 KiB of shared memory, two
+blocks per SM, and 26.8 / 29.7-29.9 / 33.8 TFLOP/s at N = 1k / 2k / 4k (the default fa2-atomic
+26.1-26.6 at 2k, 29.1-29.2 at 4k in the same process): 1.12-1.16x. Within tolerance on every GPU
+case with d <= 64; not yet run under compute-sanitizer. perf-notes version 13 has the numbers.
 """
 
 import functools
@@ -175,6 +178,26 @@ def transposed_fragment(sm, at, s, warp, lane):
             (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
 
 
+@cuda.jit(device=True)
+def row_stats(lse, Dvec, bh, i0, i1, nq):
+    """lse and D of query rows i0 and i1 (-inf and 0 past nq)."""
+    lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
+    lse1 = lse[bh, i1] if i1 < nq else float32(NEG_INF)
+    D0 = Dvec[bh, i0] if i0 < nq else float32(0.0)
+    D1 = Dvec[bh, i1] if i1 < nq else float32(0.0)
+    return lse0, lse1, D0, D1
+
+
+@cuda.jit(device=True)
+def store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane):
+    """dK^T and dV^T's accumulators (rows: the head dim, columns: keys n0..) into dk, dv."""
+    for j in range(REGS):
+        c, jl = position(j, warp, lane)
+        if n0 + U(jl) < nk and U(c) < d:
+            dk[kvh, n0 + U(jl), U(c)] = dk_acc[j]
+            dv[kvh, n0 + U(jl), U(c)] = dv_acc[j]
+
+
 @functools.lru_cache(maxsize=None)
 def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
     """dK, dV and (atomics into dq, which must hold zeros) dQ. Launch grid
@@ -237,10 +260,7 @@ def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
                     stage(sm, U(Q_T), q, bh, m0, d, scale)
                     stage(sm, U(DO_T), dout, bh, m0, d, float32(1.0))
                 i0, i1 = m0 + row, m0 + row + U(8)
-                lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
-                lse1 = lse[bh, i1] if i1 < nq else float32(NEG_INF)
-                D0 = Dvec[bh, i0] if i0 < nq else float32(0.0)
-                D1 = Dvec[bh, i1] if i1 < nq else float32(0.0)
+                lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 fence_proxy_async()
                 cuda.syncthreads()
                 m1 = m0 + uBM
@@ -311,11 +331,7 @@ def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
                     put(sm, U(DO_T), do_next)
                 m0 = m1
 
-        for j in range(REGS):
-            c, jl = position(j, warp, lane)            # dK^T, dV^T: rows c of the head dim
-            if n0 + U(jl) < nk and U(c) < d:
-                dk[kvh, n0 + U(jl), U(c)] = dk_acc[j]
-                dv[kvh, n0 + U(jl), U(c)] = dv_acc[j]
+        store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane)
 
     return DynamicSharedKernel(dkdv_wgmma, NBYTES), WARPGROUP
 
@@ -407,10 +423,7 @@ def make_lean_kernel(causal):
             m0 = m_start
             while m0 < nq:
                 i0, i1 = m0 + row, m0 + row + U(8)
-                lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
-                lse1 = lse[bh, i1] if i1 < nq else float32(NEG_INF)
-                D0 = Dvec[bh, i0] if i0 < nq else float32(0.0)
-                D1 = Dvec[bh, i1] if i1 < nq else float32(0.0)
+                lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 clear(s_acc)
                 clear(dp_acc)
                 for s in range(STEPS):
@@ -469,11 +482,7 @@ def make_lean_kernel(causal):
                 cuda.syncthreads()                     # dS read by every warp
                 m0 += uBM
 
-        for j in range(REGS):
-            c, jl = position(j, warp, lane)            # dK^T, dV^T: rows c of the head dim
-            if n0 + U(jl) < nk and U(c) < d:
-                dk[kvh, n0 + U(jl), U(c)] = dk_acc[j]
-                dv[kvh, n0 + U(jl), U(c)] = dv_acc[j]
+        store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane)
 
     return DynamicSharedKernel(dkdv_wgmma_lean, LEAN_NBYTES), WARPGROUP
 
