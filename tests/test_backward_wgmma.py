@@ -1,6 +1,7 @@
-"""kernels/backward_wgmma.py (the experimental wgmma backward, not registered): against float64
-truth within the tolerance rule, on the simulator (its products modelled by wgmma.py) and on a
-GPU; clear errors for what it does not cover."""
+"""kernels/backward_wgmma.py (the experimental wgmma backward, not registered), its default and
+its options (steps from zero, prefetch with unpaired products, the lean two-blocks-per-SM kernel):
+against float64 truth within the tolerance rule, on the simulator (its products modelled by
+wgmma.py) and on a GPU; clear errors for what it does not cover."""
 
 import functools
 import sys
