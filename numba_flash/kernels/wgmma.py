@@ -236,7 +236,7 @@ else:
             res = builder.call(asm, list(llargs) + [ir.Constant(i32, 0)] + [zero] * outs)
             return context.make_tuple(builder, result, [builder.extract_value(res, i)
                                                         for i in range(outs)])
-        assert products_ == 2
+        assert products_ == 2      # the text is general; the intrinsic below takes two products
 
         @intrinsic
         def chained(typingctx, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
