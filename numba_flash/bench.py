@@ -8,6 +8,7 @@ forward+backward 3.5x that. Times are medians over repeats, each bracketed by de
 """
 
 import datetime
+import fnmatch
 import json
 import math
 import platform
@@ -173,11 +174,15 @@ def _free_caches():
         pass
 
 
-def run(grid, modes=("fwd", "fwd+bwd"), progress=True, on_record=None):
-    """Measure every implementation on every grid point; return a list of records.
+def run(grid, modes=("fwd", "fwd+bwd"), progress=True, on_record=None, only=None):
+    """Measure every implementation (only: those whose name matches one of these fnmatch
+    patterns, e.g. "torch *") on every grid point; return a list of records.
     on_record(records) is called after each one (the CLI saves the JSON file as it goes)."""
     from tqdm import tqdm
-    impls = implementations()
+    impls = {name: impl for name, impl in implementations().items()
+             if not only or any(fnmatch.fnmatchcase(name, pattern) for pattern in only)}
+    if not impls:
+        raise ValueError(f"no implementation matches {only}; there are {sorted(implementations())}")
     records = []
     jobs = [(d, n, c, mode, name) for d, n, c in grid for mode in modes for name in impls
             if impls[name][0 if mode == "fwd" else 1] is not None]
@@ -281,14 +286,30 @@ def table(records):
     return "\n".join(lines)
 
 
-def main(json_path, quick=False, mode="both", long=False):
+def select_grid(grid, head_dims=None, lengths=None):
+    """The points of grid with d in head_dims and N in lengths (None: any); ValueError when
+    that leaves none."""
+    points = [(d, n, c) for d, n, c in grid
+              if (not head_dims or d in head_dims) and (not lengths or n in lengths)]
+    if not points:
+        raise ValueError(f"no grid point has d in {head_dims} and N in {lengths}; the grid "
+                         f"has d {sorted({p[0] for p in grid})}, N {sorted({p[1] for p in grid})}")
+    return points
+
+
+def main(json_path, quick=False, mode="both", long=False, head_dims=None, lengths=None,
+         impls=None):
+    """The CLI's bench: the full grid (quick: QUICK_GRID), or the points with d in head_dims
+    and N in lengths; implementations whose name matches one of the fnmatch patterns `impls`
+    (None: all)."""
     modes = ("fwd", "fwd+bwd") if mode == "both" else (mode,)
+    grid = select_grid(QUICK_GRID if quick else FULL_GRID, head_dims, lengths)
     env = environment()
     print(f"numba-flash bench on {env['gpu']}: {env}")
     def save(records):
         with open(json_path, "w") as f:
             json.dump(dict(environment=env, records=records), f, indent=1)
-    records = run(QUICK_GRID if quick else FULL_GRID, modes, on_record=save)
+    records = run(grid, modes, on_record=save, only=impls)
     if long:
         records.append(run_long())
         save(records)

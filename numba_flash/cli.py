@@ -20,6 +20,13 @@ def main(argv=None):
     p_bench.add_argument("--json", default="bench.json", help="file for every figure")
     p_bench.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
     p_bench.add_argument("--mode", choices=("fwd", "fwd+bwd", "both"), default="both")
+    p_bench.add_argument("--d", type=int, nargs="+", metavar="D",
+                         help="only these head dims of the grid (64, 128)")
+    p_bench.add_argument("--n", type=int, nargs="+", metavar="N",
+                         help="only these sequence lengths of the grid (512 ... 16384)")
+    p_bench.add_argument("--impl", action="append", metavar="PATTERN",
+                         help='only implementations whose name matches PATTERN (fnmatch, e.g. '
+                              '"torch *"; repeatable)')
     p_bench.add_argument("--long", action="store_true",
                          help="also forward+backward at N = 131072 (B 1, H 16, d 128, float32)")
     sub.add_parser("info", help="versions, device, registered kernels")
@@ -54,7 +61,8 @@ def main(argv=None):
             print("numba-flash bench needs a CUDA GPU; none was found", file=sys.stderr)
             return 2
         from . import bench
-        return bench.main(args.json, quick=args.quick, mode=args.mode, long=args.long)
+        return bench.main(args.json, quick=args.quick, mode=args.mode, long=args.long,
+                          head_dims=args.d, lengths=args.n, impls=args.impl)
     if args.command == "info":
         return info()
     if args.command == "fuzz":

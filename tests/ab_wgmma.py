@@ -5,7 +5,7 @@
     python tests/ab_wgmma.py time [NAME ...]   # A/B against the default backward
                                               # (fa2-atomic): TFLOP/s, alternating, two
                                               # rounds, one process
-    python tests/ab_wgmma.py ncu              # one wgmma backward at N = 2k, for
+    python tests/ab_wgmma.py ncu [NAME]       # one wgmma backward at N = 2k, for
                                               # ncu -k regex:wgmma
 
 Everything goes through the API, the kernel registered here as "fa2-wgmma" and its options
@@ -83,13 +83,13 @@ def time_ab(d=64, sizes=(1024, 2048, 4096), variants=VARIANTS):
                       f"{flops / ms / 1e9:.1f} TFLOP/s", flush=True)
 
 
-def one_for_ncu(d=64, n=2048):
+def one_for_ncu(name=NAME, d=64, n=2048):
     rng = np.random.default_rng(0)
     q, k, v, do = (cuda.to_device(rng.standard_normal((16384 // n, 2048 // d, n, d),
                                                       dtype=np.float32)) for _ in range(4))
     out, lse = flash_attention_forward(q, k, v)
     for _ in range(2):
-        flash_attention_backward(do, q, k, v, out, lse, kernel=NAME)
+        flash_attention_backward(do, q, k, v, out, lse, kernel=name)
     cuda.synchronize()
 
 
@@ -98,5 +98,5 @@ if __name__ == "__main__":
     if what == "check":
         sys.exit(check(names or VARIANTS))
     if what == "ncu":
-        sys.exit(one_for_ncu())
+        sys.exit(one_for_ncu(*names[:1]))
     time_ab(variants=names or VARIANTS)

@@ -4,7 +4,6 @@ against float64 truth within the tolerance rule, on the simulator (its products 
 wgmma.py) and on a GPU; clear errors for what it does not cover."""
 
 import functools
-import sys
 
 import numpy as np
 import pytest
@@ -14,24 +13,6 @@ from numba_flash.kernels import BACKWARD, backward_wgmma, register_backward
 from numba_flash.testing import GPU_CASES, Case, assert_within_tolerance, check_backward
 
 NAME = "wgmma (test)"
-
-
-@pytest.fixture(autouse=True, scope="module")
-def short_switch_interval():
-    """On the simulator: a 0.1 ms GIL switch interval for this module's tests only.
-    The simulator runs one Python thread per CUDA thread, and every device-function call takes
-    a per-module lock (numba-cuda's swapped_cuda_module); with the default 5 ms interval a
-    preempted lock holder stalls the block's other threads for a whole interval, and this
-    kernel's 128 threads took minutes per tile (19 s for a whole problem at 0.1 ms). Not for
-    the whole suite: the simulator creates a static shared array per (file, line) without a
-    lock, so a finer interleaving lets two threads get different arrays more often (the tiled
-    kernels failed three tests in a CI run with it set globally, 2026-11-30; at 1 us the tiled
-    forward overflows, and with that allocation under a lock it passes); this kernel and the
-    fa2 forward use dynamic shared memory only."""
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(1e-4)
-    yield
-    sys.setswitchinterval(before)
 
 
 @pytest.fixture

@@ -20,7 +20,8 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from . import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
+from . import (backward, backward_fa2, backward_wgmma, forward_fa2, forward_rowwise, forward_tiled,
+               forward_wgmma)
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ def register_forward(name, make_kernel, default_blocks):
 register_forward("rowwise", forward_rowwise.make_forward_kernel, forward_rowwise.default_blocks)
 register_forward("tiled", forward_tiled.make_forward_kernel, forward_tiled.default_blocks)
 register_forward("fa2", forward_fa2.make_forward_kernel, forward_fa2.default_blocks)
+
+# Hopper warpgroup products (forward_wgmma, 3xTF32 on wgmma) where they apply (float32, d <= 64,
+# an sm_90 GPU or the simulator), fa2 elsewhere; its S is the "wgmma" backward's bit for bit
+register_forward("wgmma", forward_wgmma.make_forward_kernel,
+                 forward_wgmma.default_blocks_or_fallback)
 
 DEFAULT_FORWARD = "fa2"
 
@@ -75,5 +81,9 @@ register_backward("fa2-atomic", functools.partial(backward_fa2.run_backward, dq_
 register_backward("fa2-ffma", functools.partial(backward_fa2.run_backward, dq_atomic=True,
                                                 tensor_cores=False),
                   backward_fa2.default_blocks_atomic, when_deterministic="fa2")
+# Hopper warpgroup products (backward_wgmma.make_lean_kernel, 3xTF32 on wgmma, two blocks per
+# SM) where they apply (float32, d <= 64, an sm_90 GPU or the simulator), fa2-atomic elsewhere
+register_backward("wgmma", backward_wgmma.run_or_fallback,
+                  backward_wgmma.default_blocks_or_fallback, when_deterministic="fa2")
 
 DEFAULT_BACKWARD = "fa2-atomic"

@@ -232,14 +232,14 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, 
 
 @functools.lru_cache(maxsize=None)
 def _recompute_p(T, causal):
-    @cuda.jit(**DEVICE)
     def recompute_p(s_ij, lse_i, i, j, nq, nk):
         """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk), 0
         elsewhere and on rows that saw no key (lse = -inf)."""
         if i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF):
             return math.exp(s_ij - lse_i)
         return T(0.0)
-    return recompute_p
+    # on the simulator a plain function: no lock per call (common.device_function)
+    return recompute_p if SIMULATOR else cuda.jit(**DEVICE)(recompute_p)
 
 
 def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False,

@@ -37,15 +37,18 @@ blocks per SM, and 26.8 / 29.7-29.9 / 33.8 TFLOP/s at N = 1k / 2k / 4k (the defa
 case with d <= 64; not yet run under compute-sanitizer. perf-notes version 13 has the numbers.
 """
 
+import contextlib
 import functools
+import sys
 
 import numpy as np
 from numba import cuda, float32
 
+from . import backward_fa2
 from .backward import make_preprocess_kernel
 from .backward_fa2 import _recompute_p
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
-                     ceil_div, kernel_jit)
+                     ceil_div, device_function, kernel_jit)
 from .fa2_tiles import ALIGN
 from .mma import split_tf32
 from .wgmma import (SCRATCH, STEP, WARPGROUP,
@@ -80,7 +83,17 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
                          f"block_n={block_n}")
 
 
-def make_stage(transposed):
+def make_stage(transposed, permuted=False):
+    """stage and fetch for tiles K-major over the head dim (transposed: over the rows).
+    permuted (with transposed): within each 8-group of the contraction, position k holds row
+    2 (k % 4) + k // 4, so that a C fragment is a register A fragment against this tile
+    (forward_wgmma: O += P V with V^T so staged)."""
+    @device_function
+    def contraction_index(c_t):
+        if permuted:
+            return c_t - c_t % U(8) + U(2) * (c_t % U(4)) + (c_t % U(8)) // U(4)
+        return c_t
+
     @cuda.jit(device=True)
     def load(src, head, row0, n, d, mult, x, r_t, c_t):
         """Element x * 128 + tid of the tile (see stage), or zero outside src."""
@@ -108,7 +121,7 @@ def make_stage(transposed):
         # (uint32 index math throughout: Python ints are int64 in Numba, and signed
         # division and index wraparound cost instructions in every iteration)
         r_t = (tid // U(4)) % U(8)
-        c_t = (tid // U(32)) * U(4) + tid % U(4)
+        c_t = contraction_index((tid // U(32)) * U(4) + tid % U(4))
         vals = cuda.local.array(LOADS, float32)
         for b in range(TILE // WARPGROUP // LOADS):
             for u in range(LOADS):
@@ -124,7 +137,7 @@ def make_stage(transposed):
         """stage's loads, all of them, into vals (TILE / 128 registers), to be put later."""
         tid = U(cuda.threadIdx.x)
         r_t = (tid // U(4)) % U(8)
-        c_t = (tid // U(32)) * U(4) + tid % U(4)
+        c_t = contraction_index((tid // U(32)) * U(4) + tid % U(4))
         for x in range(TILE // WARPGROUP):
             vals[x] = load(src, head, row0, U(src.shape[1]), d, mult, x, r_t, c_t)
     return stage, fetch
@@ -141,31 +154,31 @@ def put(sm, at, vals):
         sm[at + idx] = big
         sm[at + TILE + idx] = small
 
-@cuda.jit(device=True)
+@device_function
 def set2(acc, acc2, part):
     for j in range(REGS):
         acc[j] = part[j]
     for j in range(REGS):
         acc2[j] = part[REGS + j]
 
-@cuda.jit(device=True)
+@device_function
 def add(acc, part):
     for j in range(REGS):
         acc[j] += part[j]
 
-@cuda.jit(device=True)
+@device_function
 def add2(acc, acc2, part):
     for j in range(REGS):
         acc[j] += part[j]
     for j in range(REGS):
         acc2[j] += part[REGS + j]
 
-@cuda.jit(device=True)
+@device_function
 def clear(acc):
     for j in range(REGS):
         acc[j] = float32(0.0)
 
-@cuda.jit(device=True)
+@device_function
 def transposed_fragment(sm, at, s, warp, lane):
     """The register A fragment (big, small) of step s of X^T, X the 64 x 64 tile at sm[at]
     (K-major: element (a, b) at core_offset(a, b, 64)): X^T's rows are b, its contraction
@@ -178,7 +191,7 @@ def transposed_fragment(sm, at, s, warp, lane):
             (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
 
 
-@cuda.jit(device=True)
+@device_function
 def row_stats(lse, Dvec, bh, i0, i1, nq):
     """lse and D of query rows i0 and i1 (-inf and 0 past nq)."""
     lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
@@ -188,7 +201,7 @@ def row_stats(lse, Dvec, bh, i0, i1, nq):
     return lse0, lse1, D0, D1
 
 
-@cuda.jit(device=True)
+@device_function
 def store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane):
     """dK^T and dV^T's accumulators (rows: the head dim, columns: keys n0..) into dk, dv."""
     for j in range(REGS):
@@ -346,7 +359,7 @@ LEAN_NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
 
 
 def make_global_fragment(transposed):
-    @cuda.jit(device=True)
+    @device_function
     def element(src, head, row0, r, c, mult, n, d):
         if transposed:                         # X^T[r, c] = src[row0 + c, r]
             r, c = c, r
@@ -355,7 +368,7 @@ def make_global_fragment(transposed):
             x = src[head, row0 + r, c] * mult
         return x
 
-    @cuda.jit(device=True)
+    @device_function
     def global_fragment(src, head, row0, s, mult, d, warp, lane):
         """The register A fragment (big, small) of step s of X = mult src[head, row0:row0+64, :]
         (transposed: of X^T), read from global memory and split, entries in
@@ -489,6 +502,39 @@ def make_lean_kernel(causal):
     return DynamicSharedKernel(dkdv_wgmma_lean, LEAN_NBYTES), WARPGROUP
 
 
+def applies(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
+    """True when the lean wgmma kernel can run a case here: float32, head dim <= 64, 64 x 64
+    tiles, and either a GPU of compute capability 9.0 (wgmma exists on sm_90a only; numba-cuda
+    compiles for sm_90a there) or the simulator (its products modelled in wgmma.py)."""
+    if np.dtype(dtype) != np.float32 or not 1 <= head_dim <= D_PAD:
+        return False
+    if (block_m, block_n) != (BLOCK, BLOCK):
+        return False
+    return SIMULATOR or tuple(cuda.get_current_device().compute_capability) == (9, 0)
+
+
+def default_blocks_or_fallback(head_dim, dtype):
+    """(64, 64) where `applies`, else the fa2-atomic backward's default tiles."""
+    if applies(head_dim, dtype):
+        return BLOCK, BLOCK
+    return backward_fa2.default_blocks_atomic(head_dim, dtype)
+
+
+def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
+                    block_m, block_n):
+    """The registered "wgmma" backward: the lean kernel (run_backward(lean=True)) where
+    `applies` (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator), the fa2-atomic
+    backward (mma.sync tensor cores in float32) everywhere else, e.g. d > 64, float64, other
+    tiles or another GPU. Either way dQ comes from atomics (not bitwise reproducible)."""
+    if applies(q.shape[2], q.dtype, block_m, block_n):
+        run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale, heads=heads,
+                     group=group, causal=causal, lean=True)
+    else:
+        backward_fa2.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
+                                  heads=heads, group=group, causal=causal, block_m=block_m,
+                                  block_n=block_n, dq_atomic=True)
+
+
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m=BLOCK, block_n=BLOCK, paired=True, chained=True, prefetch=False,
                  lean=False):
@@ -509,5 +555,50 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     else:
         kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained),
                                        bool(prefetch))
-    kernel[(ceil_div(nk, BLOCK), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq,
-                                            np.float32(scale), heads, group)
+    with _simulator_switch_interval():
+        kernel[(ceil_div(nk, BLOCK), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq,
+                                                np.float32(scale), heads, group)
+
+
+@contextlib.contextmanager
+def _simulator_switch_interval(seconds=1e-4):
+    """On the simulator: a 0.1 ms GIL switch interval while this kernel runs (none on a GPU).
+    The simulator runs one Python thread per CUDA thread, and every device-function call takes
+    a per-module lock (numba-cuda's swapped_cuda_module); with the default 5 ms interval a
+    preempted lock holder stalls the block's other threads for a whole interval, and these
+    kernels' 128 threads with many small device calls took minutes per tile (19 s for a whole
+    problem at 0.1 ms). Not for other kernels: the simulator creates a static shared array per
+    (file, line) without a lock, so a finer interleaving lets two threads get different arrays
+    (the tiled kernels failed three tests in a CI run with the interval set for the whole
+    suite, 2026-11-30; at 1 us the tiled forward overflows, and with that allocation under a
+    lock it passes); these kernels use dynamic shared memory only."""
+    if not SIMULATOR:
+        yield
+        return
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+class _SwitchIntervalLaunch:
+    """kernel[grid, block](*args) run under _simulator_switch_interval."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, config):
+        launch = self.kernel[config]
+
+        def run(*args):
+            with _simulator_switch_interval():
+                launch(*args)
+        return run
+
+
+def simulator_launch(kernel):
+    """A launchable kernel that runs under _simulator_switch_interval on the simulator (the
+    kernel itself on a GPU): for the other wgmma kernels (forward_wgmma)."""
+    return _SwitchIntervalLaunch(kernel) if SIMULATOR else kernel

@@ -44,6 +44,17 @@ def check_shared_memory(what, nbytes, hint, limit=SHARED_MEMORY_BYTES):
             f"{limit} a block can have; {hint}")
 
 
+def device_function(fn):
+    """cuda.jit(device=True) on a GPU; on the simulator the plain Python function, for device
+    functions that use nothing of `cuda` (no thread index, shared array or barrier). The
+    simulator wraps every device-function call in a per-module lock (numba-cuda's
+    swapped_cuda_module, which swaps the module's `cuda` for the calling thread's); with 128
+    threads calling small helpers per element, most of a simulated wgmma kernel's time was
+    threads queueing on that lock (sampled 2026-12-01: 19.5k of 15k samples' frames, the lock
+    in every stack). A function that needs no swap can skip it; the result is the same."""
+    return fn if SIMULATOR else cuda.jit(device=True)(fn)
+
+
 def ceil_div(a, b):
     return -(-a // b)
 

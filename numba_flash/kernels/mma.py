@@ -31,11 +31,10 @@ from reference.precision import round_tf32 as round_tf32_host
 from .common import SIMULATOR
 
 if SIMULATOR:
-    @cuda.jit(device=True)
+    # plain functions: no lock per call (common.device_function)
     def round_tf32(x):
         return np.float32(round_tf32_host(np.float32(x))[()])
 
-    @cuda.jit(device=True)
     def split_tf32(x):
         big = round_tf32(x)
         return big, round_tf32(np.float32(x - big))

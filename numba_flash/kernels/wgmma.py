@@ -52,7 +52,7 @@ from numba import cuda, float32, types, uint32, uint64
 
 from reference.precision import step_3xtf32_parts
 
-from .common import SIMULATOR
+from .common import SIMULATOR, device_function
 
 STEP = 8           # contraction per wgmma for TF32 (K)
 CORE = 32          # floats per core matrix (8 rows x 4)
@@ -65,13 +65,13 @@ def core_offset_host(r, k, K):
     return ((r // 8) * (K // 4) + k // 4) * CORE + (r % 8) * 4 + k % 4
 
 
-@cuda.jit(device=True)
+@device_function
 def core_offset(r, k, K):
     """Float offset of element (r, k) of a K-major tile with K columns (see the module)."""
     return ((r // 8) * (K // 4) + k // 4) * CORE + (r % 8) * 4 + k % 4
 
 
-@cuda.jit(device=True)
+@device_function
 def position(j, warp, lane):
     """(row, column) in the 64 x n block of accumulator entry j of thread `lane` of warp `warp`
     (0-3 within the warpgroup): rows g and g + 8 of the warp's 16, columns 2t and 2t + 1 of
@@ -80,7 +80,7 @@ def position(j, warp, lane):
     return warp * 16 + g + 8 * ((j % 4) // 2), (j // 4) * 8 + 2 * t + j % 2
 
 
-@cuda.jit(device=True)
+@device_function
 def a_fragment_index(e, warp, lane):
     """(row, k) in the 64 x 8 A operand of a step of entry e (0-3) of the register A fragment
     that thread `lane` of warp `warp` passes: rows g and g + 8 of the warp's 16, k = t for
@@ -92,8 +92,48 @@ def a_fragment_index(e, warp, lane):
 SCRATCH = 2 * 64 * STEP   # floats of shared memory step_3xtf32_regs needs on the simulator
 
 
+# Row reductions over a quad (lanes 4g..4g+3 hold the same two rows of a C fragment): warp
+# shuffles on a GPU; the simulator has none, so there the quad's values go through
+# sm[at:at + 128] between two barriers (every thread of the block must call it). The order of
+# the additions is the same both ways: (x0 + x1) + (x2 + x3), in any thread.
 if SIMULATOR:
     @cuda.jit(device=True)
+    def _quad_values(sm, at, x):
+        tid = cuda.threadIdx.x % WARPGROUP
+        sm[at + tid] = x
+        cuda.syncthreads()
+        b = at + tid - tid % 4
+        x0, x1, x2, x3 = sm[b], sm[b + 1], sm[b + 2], sm[b + 3]
+        cuda.syncthreads()
+        return x0, x1, x2, x3
+
+    @cuda.jit(device=True)
+    def quad_max(sm, at, x):
+        """max of x over the thread's quad."""
+        x0, x1, x2, x3 = _quad_values(sm, at, x)
+        return max(max(x0, x1), max(x2, x3))
+
+    @cuda.jit(device=True)
+    def quad_sum(sm, at, x):
+        """sum of x over the thread's quad, (x0 + x1) + (x2 + x3)."""
+        x0, x1, x2, x3 = _quad_values(sm, at, x)
+        return (x0 + x1) + (x2 + x3)
+else:
+    @cuda.jit(device=True)
+    def quad_max(sm, at, x):
+        """max of x over the thread's quad."""
+        x = max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 1))
+        return max(x, cuda.shfl_xor_sync(0xFFFFFFFF, x, 2))
+
+    @cuda.jit(device=True)
+    def quad_sum(sm, at, x):
+        """sum of x over the thread's quad, (x0 + x1) + (x2 + x3)."""
+        x = x + cuda.shfl_xor_sync(0xFFFFFFFF, x, 1)
+        return x + cuda.shfl_xor_sync(0xFFFFFFFF, x, 2)
+
+
+if SIMULATOR:
+    @device_function
     def fence_proxy_async():
         """Nothing to fence on the simulator (its products read the shared array directly)."""
         pass

@@ -1,0 +1,196 @@
+"""Forward on Hopper warpgroup products (wgmma, sm_90a; kernels/wgmma.py): float32, head dim up
+to 64, 64 x 64 tiles, one warpgroup (128 threads) per Q block of 64 rows; both products 3xTF32,
+each 8-long step summed from zero on the tensor core and added in float32.
+
+Per Q block (rows i), over K/V blocks (rows j), FlashAttention's online softmax:
+  S = (scale Q) K^T          A = scale Q from registers (split once, kept for the whole loop),
+                             B = K staged in shared memory (K-major over the head dim);
+  m_new = max(m, rowmax S),  P = exp(S - m_new), l = l exp(m - m_new) + rowsum P,
+  O = O exp(m - m_new) + P V A = P straight from S's accumulator registers, B = V^T staged
+                             (K-major over the keys, each 8 keys permuted; below);
+and at the end O / l and lse = m + log l (rows that saw no key: O = 0, lse = -inf).
+
+Why S is computed exactly as the lean wgmma backward computes it: the backward recomputes P
+from S and lse, and at logits of 1e4 an ulp of S moves P by percents. Both take A = scale Q from
+backward_wgmma.make_global_fragment (the same split of the same products) and B = the K tile of
+the same `stage`, and issue the same three wgmma per step, added into an accumulator that starts
+at zero in step order; so the backward's S is this S bit for bit. (A B^T and (B A^T)^T are not
+always bitwise on the tensor core, perf-notes version 13: the roles must match, and they do.)
+
+P as wgmma's A operand without a trip through shared memory. S's accumulator (mma.m16n8k8's C
+fragment, wgmma.position) gives a thread the keys 2t and 2t + 1 of every 8-key group of its two
+rows; a register A fragment (wgmma.a_fragment_index) takes the contraction positions t and
+t + 4 of the step. Staging V^T with each 8-key group permuted, position k holding key
+2 (k % 4) + k // 4, makes the C fragment's entries (4s, 4s + 2, 4s + 1, 4s + 3) the A fragment
+of step s as they stand (the trick of perf-notes version 12).
+
+The row max and sum of a row live in the 4 threads of a quad (lanes 4g..4g+3): two warp shuffles
+on a GPU; the simulator, which has no shuffles, exchanges them through shared memory (wgmma.py).
+
+Shared memory: K and V^T, each as big and small TF32 parts: 64 KiB, so two blocks (the
+registers' limit) share an SM.
+"""
+
+import functools
+import math
+
+from numba import cuda, float32
+
+from . import forward_fa2
+from .backward_wgmma import (BLOCK, D_PAD, REGS, STEPS, TILE, add, applies, clear,
+                             make_global_fragment, make_stage, simulator_launch)
+from .common import NEG_INF, SIMULATOR, U, DynamicSharedKernel, kernel_jit, kv_head
+from .fa2_tiles import ALIGN
+from .mma import split_tf32
+from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, products, quad_max, quad_sum
+
+K_T, VT_T = 0, 2 * TILE        # float offsets: K (big, small), V^T permuted (big, small)
+SCRATCH_AT = 4 * TILE          # the simulator's fragment and quad exchange (wgmma.py)
+NBYTES = 4 * (4 * TILE + (SCRATCH if SIMULATOR else 0))
+
+stage_k, _ = make_stage(False)
+stage_vt, _ = make_stage(True, permuted=True)
+
+
+def default_blocks(head_dim, dtype):
+    """(64, 64): the only tiles this kernel has."""
+    return BLOCK, BLOCK
+
+
+@functools.lru_cache(maxsize=None)
+def make_wgmma_kernel(causal):
+    """The kernel: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v, out, lse, scale,
+    heads, group) on (B*H, N, d) float32 device arrays, d <= 64 (the registry's contract)."""
+    step_regs = products(BLOCK, D_PAD, D_PAD)["step_3xtf32_regs"]
+    fragment = make_global_fragment(False)
+    uBM = U(BLOCK)
+
+    @kernel_jit(WARPGROUP)
+    def forward_wgmma(q, k, v, out, lse, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        bh = U(cuda.blockIdx.y)
+        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        tid = U(cuda.threadIdx.x)
+        warp, lane = tid // U(32), tid % U(32)
+        row0 = U(cuda.blockIdx.x) * uBM
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        # this thread's accumulator entries (wgmma.position): rows row, row + 8 of the block
+        # (i0, i1), columns col_t, col_t + 1 of each 8-column group
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        i0, i1 = row0 + row, row0 + row + U(8)
+        q_big = cuda.local.array(4 * STEPS, float32)     # scale Q's A fragments, every step
+        q_small = cuda.local.array(4 * STEPS, float32)
+        s_acc = cuda.local.array(REGS, float32)          # S, then P
+        o_acc = cuda.local.array(REGS, float32)          # O, unnormalized
+        m = cuda.local.array(2, float32)                 # running row max of rows i0, i1
+        l = cuda.local.array(2, float32)                 # this thread's share of the row sums
+        m_safe = cuda.local.array(2, float32)            # m, or 0 while a row has seen no key
+        alpha = cuda.local.array(2, float32)             # exp(m_old - m_new)
+        for s in range(STEPS):
+            big, small = fragment(q, bh, row0, s, scale, d, warp, lane)
+            for e in range(4):
+                q_big[4 * s + e] = big[e]
+                q_small[4 * s + e] = small[e]
+        for h in range(2):
+            m[h] = float32(NEG_INF)
+            l[h] = float32(0.0)
+        clear(o_acc)
+
+        n_end = nk
+        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
+            last = row0 + uBM + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        while n0 < n_end:
+            cuda.syncthreads()                      # every warp is done with the last tiles
+            stage_k(sm, U(K_T), k, kv, n0, d, float32(1.0))
+            stage_vt(sm, U(VT_T), v, kv, n0, d, float32(1.0))
+            fence_proxy_async()
+            cuda.syncthreads()
+
+            # S = (scale Q) K^T, the lean backward's steps (module docstring)
+            clear(s_acc)
+            for s in range(STEPS):
+                a_big = (q_big[4 * s], q_big[4 * s + 1], q_big[4 * s + 2], q_big[4 * s + 3])
+                a_small = (q_small[4 * s], q_small[4 * s + 1], q_small[4 * s + 2],
+                           q_small[4 * s + 3])
+                add(s_acc, step_regs(sm, a_big, a_small, U(K_T), U(K_T + TILE), s,
+                                     U(SCRATCH_AT)))
+
+            # mask, then the row max of this tile: the thread's 16 entries, then its quad's
+            mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
+            for nt in range(REGS // 4):
+                for e in range(4):
+                    j = 4 * nt + e
+                    key = n0 + U(8 * nt + e % 2) + col_t
+                    i = i1 if e // 2 else i0
+                    x = s_acc[j]
+                    if key >= nk or (causal and key + nq > i + nk):
+                        x = float32(NEG_INF)
+                    s_acc[j] = x
+                    if e // 2:
+                        mx1 = max(mx1, x)
+                    else:
+                        mx0 = max(mx0, x)
+            mx0 = quad_max(sm, U(SCRATCH_AT), mx0)
+            mx1 = quad_max(sm, U(SCRATCH_AT), mx1)
+            for h in range(2):
+                m_new = max(m[h], mx1 if h else mx0)
+                # guard: a row that has seen no key yet keeps m = -inf, P = 0, O = 0
+                m_safe[h] = m_new if m_new != float32(NEG_INF) else float32(0.0)
+                alpha[h] = math.exp(m[h] - m_safe[h])
+                m[h] = m_new
+                l[h] *= alpha[h]
+            for j in range(REGS):
+                h = (j % 4) // 2
+                p = math.exp(s_acc[j] - m_safe[h])
+                s_acc[j] = p
+                l[h] += p
+                o_acc[j] *= alpha[h]
+
+            # O += P V: P's C fragment is the A fragment against the permuted V^T
+            for s in range(STEPS):
+                b0, s0 = split_tf32(s_acc[4 * s])
+                b1, s1 = split_tf32(s_acc[4 * s + 2])
+                b2, s2 = split_tf32(s_acc[4 * s + 1])
+                b3, s3 = split_tf32(s_acc[4 * s + 3])
+                add(o_acc, step_regs(sm, (b0, b1, b2, b3), (s0, s1, s2, s3), U(VT_T),
+                                     U(VT_T + TILE), s, U(SCRATCH_AT)))
+            n0 += uBM
+
+        # O / l and lse = m + log l; l >= 1 wherever m is finite (the max entry gives exp 0)
+        l0 = quad_sum(sm, U(SCRATCH_AT), l[0])
+        l1 = quad_sum(sm, U(SCRATCH_AT), l[1])
+        inv0 = float32(1.0) / l0 if l0 > float32(0.0) else float32(0.0)
+        inv1 = float32(1.0) / l1 if l1 > float32(0.0) else float32(0.0)
+        for j in range(REGS):
+            h = (j % 4) // 2
+            i = i1 if h else i0
+            c = U(8 * (j // 4) + j % 2) + col_t
+            if i < nq and c < d:
+                out[bh, i, c] = o_acc[j] * (inv1 if h else inv0)
+        if t4 == U(0):
+            if i0 < nq:
+                lse[bh, i0] = m[0] + math.log(l0) if l0 > float32(0.0) else float32(NEG_INF)
+            if i1 < nq:
+                lse[bh, i1] = m[1] + math.log(l1) if l1 > float32(0.0) else float32(NEG_INF)
+
+    return simulator_launch(DynamicSharedKernel(forward_wgmma, NBYTES)), WARPGROUP
+
+
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
+    """The registered "wgmma" forward: make_wgmma_kernel(causal) where backward_wgmma.applies
+    (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator), the fa2 forward (FFMA)
+    everywhere else."""
+    if applies(head_dim, dtype, block_m, block_n):
+        return make_wgmma_kernel(bool(causal))
+    return forward_fa2.make_forward_kernel(block_m, block_n, head_dim, causal, dtype)
+
+
+def default_blocks_or_fallback(head_dim, dtype):
+    """(64, 64) where the wgmma kernel applies, else the fa2 forward's default tiles."""
+    if applies(head_dim, dtype):
+        return BLOCK, BLOCK
+    return forward_fa2.default_blocks(head_dim, dtype)
+
