@@ -104,8 +104,9 @@ def implementations():
         fwd, fwd_bwd = _numba_flash(name)  # default one (the backward is shared)
         impls[f"numba-flash {name}"] = (fwd, fwd_bwd if name == DEFAULT_FORWARD else None, "device")
     for name in sorted(set(BACKWARD) - {DEFAULT_BACKWARD}):   # other backward variants: fwd+bwd
-        impls[f"numba-flash {DEFAULT_FORWARD}, backward {name}"] = (     # with the default forward
-            None, _numba_flash(DEFAULT_FORWARD, name)[1], "device")
+        forward = BACKWARD[name].forward or DEFAULT_FORWARD      # with the forward they follow
+        impls[f"numba-flash {forward}, backward {name}"] = (     # (the default if none)
+            None, _numba_flash(forward, name)[1], "device")
     try:
         import cupy  # noqa: F401
         impls["cupy standard"] = (_cupy_standard, None, "cupy")

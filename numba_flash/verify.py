@@ -25,10 +25,14 @@ def run_checks(cases, dtypes=DTYPES, forward=None, backward=None):
                 results[name] = flash_attention_forward(q, k, v, causal=case.causal, kernel=name)
                 for c in check_forward(q, k, v, *results[name], causal=case.causal):
                     yield _row(f"fwd/{name}", dtype, case, c)
-            if backward:   # the backward consumes the default kernel's forward
-                out, lse = results.get(DEFAULT_FORWARD) or flash_attention_forward(
-                    q, k, v, causal=case.causal, kernel=DEFAULT_FORWARD)
             for name in backward:
+                # each backward consumes the forward it follows (BackwardVariant.forward), by
+                # default the default forward
+                source = BACKWARD[name].forward or DEFAULT_FORWARD
+                if source not in results:
+                    results[source] = flash_attention_forward(q, k, v, causal=case.causal,
+                                                              kernel=source)
+                out, lse = results[source]
                 grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
                                                  kernel=name)
                 for c in check_backward(dout, q, k, v, *grads, causal=case.causal):

@@ -58,14 +58,17 @@ class BackwardVariant:
     run: Callable
     default_blocks: Callable
     when_deterministic: str = None
+    forward: str = None
 
 
 BACKWARD = {}
 
 
-def register_backward(name, run, default_blocks, when_deterministic=None):
-    """Add a backward kernel variant under `name` (replacing any of that name)."""
-    BACKWARD[name] = BackwardVariant(name, run, default_blocks, when_deterministic)
+def register_backward(name, run, default_blocks, when_deterministic=None, forward=None):
+    """Add a backward kernel variant under `name` (replacing any of that name). forward: the
+    registered forward it is made to follow (one that computes S as it does); `verify` feeds it
+    that forward's out and lse and the benchmark times the two together (None: the default)."""
+    BACKWARD[name] = BackwardVariant(name, run, default_blocks, when_deterministic, forward)
     return BACKWARD[name]
 
 
@@ -82,8 +85,10 @@ register_backward("fa2-ffma", functools.partial(backward_fa2.run_backward, dq_at
                                                 tensor_cores=False),
                   backward_fa2.default_blocks_atomic, when_deterministic="fa2")
 # Hopper warpgroup products (backward_wgmma.make_lean_kernel, 3xTF32 on wgmma, two blocks per
-# SM) where they apply (float32, d <= 64, an sm_90 GPU or the simulator), fa2-atomic elsewhere
+# SM) where they apply (float32, d <= 64, an sm_90 GPU or the simulator), fa2-atomic elsewhere;
+# it recomputes S bit for bit as the wgmma forward computed it
 register_backward("wgmma", backward_wgmma.run_or_fallback,
-                  backward_wgmma.default_blocks_or_fallback, when_deterministic="fa2")
+                  backward_wgmma.default_blocks_or_fallback, when_deterministic="fa2",
+                  forward="wgmma")
 
 DEFAULT_BACKWARD = "fa2-atomic"

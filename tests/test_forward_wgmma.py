@@ -1,0 +1,60 @@
+"""kernels/forward_wgmma.py, the registered "wgmma" forward, alone and followed by the "wgmma"
+backward (the pair that computes S alike): against float64 truth within the tolerance rule on
+several K/V blocks (the online softmax's rescaling), on the simulator and on a GPU; the fa2
+forward where it does not apply. The registry-wide tests (test_kernels, test_properties,
+verify) cover the single-block simulator cases."""
+
+import numpy as np
+import pytest
+
+from numba_flash import flash_attention_backward, flash_attention_forward
+from numba_flash.kernels import forward_fa2, forward_wgmma
+from numba_flash.testing import (GPU_CASES, Case, assert_within_tolerance, check_backward,
+                                 check_forward)
+
+
+def check_pair(case, backward=True):
+    q, k, v, dout = case.inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel="wgmma")
+    assert_within_tolerance(check_forward(q, k, v, out, lse, causal=case.causal),
+                            f"wgmma forward {case}")
+    if backward:
+        grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
+                                         kernel="wgmma")
+        assert_within_tolerance(check_backward(dout, q, k, v, *grads, causal=case.causal),
+                                f"wgmma backward after the wgmma forward {case}")
+
+
+# simulator: 2 Q blocks x 3 K/V blocks (m grows across blocks: l and O rescaled), a partial
+# last block, causal with Nq > Nk (fully masked rows), large logits
+@pytest.mark.parametrize("case", [Case("3 K/V blocks, causal, Nq > Nk", 1, 1, 1, 140, 130, 9,
+                                       causal=True, logit_scale=8.0)],
+                         ids=lambda c: c.name)
+def test_wgmma_forward_several_blocks(case):
+    check_pair(case, backward=False)
+
+
+def test_wgmma_pair_several_blocks_gqa():
+    check_pair(Case("2 K/V blocks, GQA", 1, 2, 1, 40, 100, 16, logit_scale=30.0))
+
+
+def test_wgmma_forward_falls_back_to_fa2_where_it_does_not_apply():
+    assert forward_wgmma.make_forward_kernel(64, 64, 65, False, np.float32) is \
+        forward_fa2.make_forward_kernel(64, 64, 65, False, np.float32)
+    assert forward_wgmma.make_forward_kernel(64, 64, 64, True, np.float64) is \
+        forward_fa2.make_forward_kernel(64, 64, 64, True, np.float64)
+    assert forward_wgmma.make_forward_kernel(32, 64, 64, True, np.float32) is \
+        forward_fa2.make_forward_kernel(32, 64, 64, True, np.float32)
+    assert forward_wgmma.default_blocks_or_fallback(128, np.float32) == \
+        forward_fa2.default_blocks(128, np.float32)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if c.d <= 64]
+                         + [Case("N = 2048", 1, 4, 4, 2048, 2048, 64),
+                            Case("N = 2048, causal, GQA", 1, 4, 2, 2048, 2048, 64, causal=True),
+                            Case("N = 1000, logits x30", 1, 2, 2, 1000, 1000, 48,
+                                 logit_scale=30.0)],
+                         ids=lambda c: c.name)
+def test_gpu_wgmma_pair_within_tolerance(case):
+    check_pair(case)
