@@ -3,16 +3,17 @@ to 64, 64 x 64 tiles, one warpgroup (128 threads) per Q block of 64 rows; both p
 each 8-long step summed from zero on the tensor core and added in float32.
 
 Per Q block (rows i), over K/V blocks (rows j), FlashAttention's online softmax:
-  S = (scale Q) K^T          A = scale Q from registers (split once, kept for the whole loop),
-                             B = K staged in shared memory (K-major over the head dim);
+  S = (scale Q) K^T          A = scale Q, staged once (big and small parts) and read into
+                             registers per step, B = K staged (K-major over the head dim);
   m_new = max(m, rowmax S),  P = exp(S - m_new), l = l exp(m - m_new) + rowsum P,
   O = O exp(m - m_new) + P V A = P straight from S's accumulator registers, B = V^T staged
                              (K-major over the keys, each 8 keys permuted; below);
 and at the end O / l and lse = m + log l (rows that saw no key: O = 0, lse = -inf).
 
 Why S is computed exactly as the lean wgmma backward computes it: the backward recomputes P
-from S and lse, and at logits of 1e4 an ulp of S moves P by percents. Both take A = scale Q from
-backward_wgmma.make_global_fragment (the same split of the same products) and B = the K tile of
+from S and lse, and at logits of 1e4 an ulp of S moves P by percents. Both pass A = scale Q as
+register fragments holding the same TF32 parts (q * scale in float32, then mma.split_tf32; the
+backward reads them from global memory, this kernel from its staged Q tile) and B = the K tile of
 the same `stage`, and issue the same three wgmma per step, added into an accumulator that starts
 at zero in step order; so the backward's S is this S bit for bit. (A B^T and (B A^T)^T are not
 always bitwise on the tensor core, perf-notes version 13: the roles must match, and they do.)
@@ -27,8 +28,9 @@ of step s as they stand (the trick of perf-notes version 12).
 The row max and sum of a row live in the 4 threads of a quad (lanes 4g..4g+3): two warp shuffles
 on a GPU; the simulator, which has no shuffles, exchanges them through shared memory (wgmma.py).
 
-Shared memory: K and V^T, each as big and small TF32 parts: 64 KiB, so two blocks (the
-registers' limit) share an SM.
+Shared memory: scale Q, K and V^T, each as big and small TF32 parts: 96 KiB, so two blocks share
+an SM (ptxas, CUDA 13.0: 145 registers, no local memory). Keeping Q's fragments in registers
+instead took 255 registers with spills.
 """
 
 import functools
@@ -38,15 +40,17 @@ from numba import cuda, float32
 
 from . import forward_fa2
 from .backward_wgmma import (BLOCK, D_PAD, REGS, STEPS, TILE, add, applies, clear,
-                             make_global_fragment, make_stage, simulator_launch)
-from .common import NEG_INF, SIMULATOR, U, DynamicSharedKernel, kernel_jit, kv_head
+                             make_stage, simulator_launch)
+from .common import (NEG_INF, SIMULATOR, U, DynamicSharedKernel, inlined_device_function,
+                     kernel_jit, kv_head)
 from .fa2_tiles import ALIGN
 from .mma import split_tf32
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, products, quad_max, quad_sum
 
-K_T, VT_T = 0, 2 * TILE        # float offsets: K (big, small), V^T permuted (big, small)
-SCRATCH_AT = 4 * TILE          # the simulator's fragment and quad exchange (wgmma.py)
-NBYTES = 4 * (4 * TILE + (SCRATCH if SIMULATOR else 0))
+# float offsets of the tiles, each big then small: scale Q, K, V^T permuted
+Q_T, K_T, VT_T = 0, 2 * TILE, 4 * TILE
+SCRATCH_AT = 6 * TILE          # the simulator's fragment and quad exchange (wgmma.py)
+NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
 
 stage_k, _ = make_stage(False)
 stage_vt, _ = make_stage(True, permuted=True)
@@ -62,8 +66,29 @@ def make_wgmma_kernel(causal):
     """The kernel: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v, out, lse, scale,
     heads, group) on (B*H, N, d) float32 device arrays, d <= 64 (the registry's contract)."""
     step_regs = products(BLOCK, D_PAD, D_PAD)["step_3xtf32_regs"]
-    fragment = make_global_fragment(False)
     uBM = U(BLOCK)
+
+    @inlined_device_function
+    def s_step(sm, s_acc, q_at, s):
+        """s_acc += step s of (scale Q) K^T, A read from the staged Q tile into registers.
+        q_at: core_offset(row, t, 64) + Q_T for this thread (entries at +32, +512, +544 and
+        64 s further per step: wgmma.a_fragment_index)."""
+        o = q_at + U(64 * s)
+        a_big = (sm[o], sm[o + U(512)], sm[o + U(32)], sm[o + U(544)])
+        o += U(TILE)
+        a_small = (sm[o], sm[o + U(512)], sm[o + U(32)], sm[o + U(544)])
+        add(s_acc, step_regs(sm, a_big, a_small, U(K_T), U(K_T + TILE), s, U(SCRATCH_AT)))
+
+    @inlined_device_function
+    def pv_step(sm, o_acc, p, s):
+        """o_acc += step s of P V: P's C-fragment entries 4s, 4s + 2, 4s + 1, 4s + 3 are the A
+        fragment against the permuted V^T (module docstring)."""
+        b0, s0 = split_tf32(p[4 * s])
+        b1, s1 = split_tf32(p[4 * s + 2])
+        b2, s2 = split_tf32(p[4 * s + 1])
+        b3, s3 = split_tf32(p[4 * s + 3])
+        add(o_acc, step_regs(sm, (b0, b1, b2, b3), (s0, s1, s2, s3), U(VT_T), U(VT_T + TILE),
+                             s, U(SCRATCH_AT)))
 
     @kernel_jit(WARPGROUP)
     def forward_wgmma(q, k, v, out, lse, scale, heads, group):
@@ -79,19 +104,15 @@ def make_wgmma_kernel(causal):
         g4, t4 = lane // U(4), lane % U(4)
         row, col_t = warp * U(16) + g4, t4 * U(2)
         i0, i1 = row0 + row, row0 + row + U(8)
-        q_big = cuda.local.array(4 * STEPS, float32)     # scale Q's A fragments, every step
-        q_small = cuda.local.array(4 * STEPS, float32)
         s_acc = cuda.local.array(REGS, float32)          # S, then P
         o_acc = cuda.local.array(REGS, float32)          # O, unnormalized
         m = cuda.local.array(2, float32)                 # running row max of rows i0, i1
         l = cuda.local.array(2, float32)                 # this thread's share of the row sums
         m_safe = cuda.local.array(2, float32)            # m, or 0 while a row has seen no key
         alpha = cuda.local.array(2, float32)             # exp(m_old - m_new)
-        for s in range(STEPS):
-            big, small = fragment(q, bh, row0, s, scale, d, warp, lane)
-            for e in range(4):
-                q_big[4 * s + e] = big[e]
-                q_small[4 * s + e] = small[e]
+        # scale Q, staged once as big and small parts; its A fragments are read from there
+        stage_k(sm, U(Q_T), q, bh, row0, d, scale)
+        q_at = U(Q_T) + warp * U(1024) + lane
         for h in range(2):
             m[h] = float32(NEG_INF)
             l[h] = float32(0.0)
@@ -110,13 +131,17 @@ def make_wgmma_kernel(causal):
             cuda.syncthreads()
 
             # S = (scale Q) K^T, the lean backward's steps (module docstring)
+            # (the steps written out with constant s: a loop holding a wgmma is not unrolled,
+            # and the arrays it indexed went to local memory, 384 bytes; common.py)
             clear(s_acc)
-            for s in range(STEPS):
-                a_big = (q_big[4 * s], q_big[4 * s + 1], q_big[4 * s + 2], q_big[4 * s + 3])
-                a_small = (q_small[4 * s], q_small[4 * s + 1], q_small[4 * s + 2],
-                           q_small[4 * s + 3])
-                add(s_acc, step_regs(sm, a_big, a_small, U(K_T), U(K_T + TILE), s,
-                                     U(SCRATCH_AT)))
+            s_step(sm, s_acc, q_at, 0)
+            s_step(sm, s_acc, q_at, 1)
+            s_step(sm, s_acc, q_at, 2)
+            s_step(sm, s_acc, q_at, 3)
+            s_step(sm, s_acc, q_at, 4)
+            s_step(sm, s_acc, q_at, 5)
+            s_step(sm, s_acc, q_at, 6)
+            s_step(sm, s_acc, q_at, 7)
 
             # mask, then the row max of this tile: the thread's 16 entries, then its quad's
             mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
@@ -150,13 +175,14 @@ def make_wgmma_kernel(causal):
                 o_acc[j] *= alpha[h]
 
             # O += P V: P's C fragment is the A fragment against the permuted V^T
-            for s in range(STEPS):
-                b0, s0 = split_tf32(s_acc[4 * s])
-                b1, s1 = split_tf32(s_acc[4 * s + 2])
-                b2, s2 = split_tf32(s_acc[4 * s + 1])
-                b3, s3 = split_tf32(s_acc[4 * s + 3])
-                add(o_acc, step_regs(sm, (b0, b1, b2, b3), (s0, s1, s2, s3), U(VT_T),
-                                     U(VT_T + TILE), s, U(SCRATCH_AT)))
+            pv_step(sm, o_acc, s_acc, 0)
+            pv_step(sm, o_acc, s_acc, 1)
+            pv_step(sm, o_acc, s_acc, 2)
+            pv_step(sm, o_acc, s_acc, 3)
+            pv_step(sm, o_acc, s_acc, 4)
+            pv_step(sm, o_acc, s_acc, 5)
+            pv_step(sm, o_acc, s_acc, 6)
+            pv_step(sm, o_acc, s_acc, 7)
             n0 += uBM
 
         # O / l and lse = m + log l; l >= 1 wherever m is finite (the max entry gives exp 0)
