@@ -33,7 +33,8 @@ OPTIONS = {"fa2-wgmma, steps": dict(chained=False),
            "fa2-wgmma, steps, unpaired": dict(chained=False, paired=False),
            "fa2-wgmma, prefetch": dict(prefetch=True),
            "fa2-wgmma, prefetch, unpaired": dict(prefetch=True, paired=False),
-           "fa2-wgmma, lean": dict(lean=True)}
+           "fa2-wgmma, lean": dict(lean=True),
+           "fa2-wgmma, lean, paired steps": dict(lean=True, paired_steps=True)}
 for name, options in OPTIONS.items():
     register_backward(name, functools.partial(backward_wgmma.run_backward, **options),
                       backward_wgmma.default_blocks)

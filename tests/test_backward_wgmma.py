@@ -52,8 +52,10 @@ TWO_BLOCKS = Case("two Q blocks, causal", 1, 1, 1, 70, 9, 4, causal=True)
 
 @pytest.mark.parametrize("wgmma_registered", [dict(chained=False),
                                               dict(prefetch=True, paired=False),
-                                              dict(lean=True)],
-                         indirect=True, ids=["steps", "prefetch, unpaired", "lean"])
+                                              dict(lean=True),
+                                              dict(lean=True, paired_steps=True)],
+                         indirect=True, ids=["steps", "prefetch, unpaired", "lean",
+                                             "lean, paired steps"])
 def test_wgmma_backward_options_within_tolerance(wgmma_registered):
     check_case(TWO_BLOCKS, wgmma_registered)
 
@@ -74,7 +76,9 @@ def test_wgmma_backward_rejects_what_it_does_not_cover():
                          ids=lambda c: c.name)
 @pytest.mark.parametrize("wgmma_registered", [{}, dict(chained=False),
                                               dict(prefetch=True, paired=False),
-                                              dict(lean=True)],
-                         indirect=True, ids=["default", "steps", "prefetch, unpaired", "lean"])
+                                              dict(lean=True),
+                                              dict(lean=True, paired_steps=True)],
+                         indirect=True, ids=["default", "steps", "prefetch, unpaired", "lean",
+                                             "lean, paired steps"])
 def test_gpu_wgmma_backward_within_tolerance(case, wgmma_registered):
     check_case(case, wgmma_registered)

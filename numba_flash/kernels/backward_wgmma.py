@@ -60,6 +60,7 @@ TILE = BLOCK * D_PAD        # floats per tile
 STEPS = 64 // STEP          # 8-long steps of every product (K = d, i or j: all 64)
 REGS = 32                   # accumulator entries per thread of a 64 x 64 product
 LOADS = 8                   # global loads a thread has in flight when staging a tile
+STEP_FLOATS = 64            # floats from one 8-long step of a staged tile to the next
 # float offsets of the tiles in shared memory: big part, small part
 K_T, V_T, KT_T, Q_T, DO_T, PT_T, DST_T = (2 * TILE * x for x in range(7))
 SCRATCH_AT = 14 * TILE      # the simulator's fragment exchange (wgmma.step_3xtf32_regs)
@@ -83,11 +84,13 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
                          f"block_n={block_n}")
 
 
-def make_stage(transposed, permuted=False):
+def make_stage(transposed, permuted=False, loads=LOADS):
     """stage and fetch for tiles K-major over the head dim (transposed: over the rows).
     permuted (with transposed): within each 8-group of the contraction, position k holds row
     2 (k % 4) + k // 4, so that a C fragment is a register A fragment against this tile
-    (forward_wgmma: O += P V with V^T so staged)."""
+    (forward_wgmma: O += P V with V^T so staged). loads: stage's batch of global loads in
+    flight (a divisor of 32)."""
+    BATCH = loads
     @device_function
     def contraction_index(c_t):
         if permuted:
@@ -112,7 +115,7 @@ def make_stage(transposed, permuted=False):
         64 x 64 tile, K-major over the head dim (transposed: over the rows, the tile's rows
         being the head dim), at sm[at] (big) and sm[at + TILE] (small). Thread-index
         order is the layout's own, so a warp writes one 512-byte run; the loads go in
-        batches of LOADS, so that a batch is in flight at once (one warp per scheduler
+        batches of `loads`, so that a batch is in flight at once (one warp per scheduler
         has nothing else to hide a load's latency behind)."""
         n = U(src.shape[1])
         tid = U(cuda.threadIdx.x)
@@ -122,12 +125,12 @@ def make_stage(transposed, permuted=False):
         # division and index wraparound cost instructions in every iteration)
         r_t = (tid // U(4)) % U(8)
         c_t = contraction_index((tid // U(32)) * U(4) + tid % U(4))
-        vals = cuda.local.array(LOADS, float32)
-        for b in range(TILE // WARPGROUP // LOADS):
-            for u in range(LOADS):
-                vals[u] = load(src, head, row0, n, d, mult, b * LOADS + u, r_t, c_t)
-            for u in range(LOADS):
-                idx = tid + U((b * LOADS + u) * WARPGROUP)
+        vals = cuda.local.array(BATCH, float32)
+        for b in range(TILE // WARPGROUP // BATCH):
+            for u in range(BATCH):
+                vals[u] = load(src, head, row0, n, d, mult, b * BATCH + u, r_t, c_t)
+            for u in range(BATCH):
+                idx = tid + U((b * BATCH + u) * WARPGROUP)
                 big, small = split_tf32(vals[u])
                 sm[at + idx] = big
                 sm[at + TILE + idx] = small
@@ -172,6 +175,14 @@ def add2(acc, acc2, part):
         acc[j] += part[j]
     for j in range(REGS):
         acc2[j] += part[REGS + j]
+
+@device_function
+def add_in_turn(acc, part):
+    """acc += part[:REGS], then acc += part[REGS:] (two steps of one product, in step order)."""
+    for j in range(REGS):
+        acc[j] += part[j]
+    for j in range(REGS):
+        acc[j] += part[REGS + j]
 
 @device_function
 def clear(acc):
@@ -385,12 +396,15 @@ def make_global_fragment(transposed):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_kernel(causal):
+def make_lean_kernel(causal, paired_steps=False):
     """make_dkdv_kernel's kernel with 96 KiB of shared memory (two blocks per SM): K and V staged,
     every A operand read from global memory (Q, dO and their transposes) or from the K tile (K^T)
     into registers, and one 64 x 64 tile that holds P^T for dV^T += dO^T P, then dS^T for
     dK^T += Q^T dS, then dS for dQ^T = K^T dS^T (M = d; dQ added with atomics). Five barriers
-    per Q block instead of three; steps from zero, S and dP paired. Same launch and arguments."""
+    per Q block instead of three; steps from zero, S and dP paired. Same launch and arguments.
+    paired_steps: dV^T, dK^T and dQ^T two steps per tensor-core wait (each from zero, added in
+    step order: the same sums)."""
+    PAIRED_STEPS = paired_steps
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
     recompute_p = _recompute_p(float32, causal)
@@ -400,9 +414,20 @@ def make_lean_kernel(causal):
     @cuda.jit(device=True)
     def accumulate_w(sm, acc, src, head, row0, mult, d, warp, lane):
         """acc += X^T W over 8 steps, X = mult src[head, row0:row0+64] from global memory."""
-        for s in range(STEPS):
-            a_big, a_small = fragment_t(src, head, row0, s, mult, d, warp, lane)
-            add(acc, step_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), s, U(LEAN_SCRATCH_AT)))
+        if PAIRED_STEPS:
+            for s2 in range(STEPS // 2):
+                s = 2 * s2
+                a_big, a_small = fragment_t(src, head, row0, s, mult, d, warp, lane)
+                a2_big, a2_small = fragment_t(src, head, row0, s + 1, mult, d, warp, lane)
+                add_in_turn(acc, step2_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), a2_big,
+                                            a2_small, U(W_T + STEP_FLOATS),
+                                            U(W_T + TILE + STEP_FLOATS), s,
+                                            U(LEAN_SCRATCH_AT)))
+        else:
+            for s in range(STEPS):
+                a_big, a_small = fragment_t(src, head, row0, s, mult, d, warp, lane)
+                add(acc, step_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), s,
+                                   U(LEAN_SCRATCH_AT)))
 
     @kernel_jit(WARPGROUP)
     def dkdv_wgmma_lean(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -484,10 +509,18 @@ def make_lean_kernel(causal):
                 fence_proxy_async()
                 cuda.syncthreads()
                 clear(dq_acc)
-                for s in range(STEPS):
+                for s in range(0 if PAIRED_STEPS else STEPS):
                     a_big, a_small = transposed_fragment(sm, U(K_T), s, warp, lane)
                     add(dq_acc, step_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), s,
                                           U(LEAN_SCRATCH_AT)))
+                for s2 in range(STEPS // 2 if PAIRED_STEPS else 0):
+                    s = 2 * s2
+                    a_big, a_small = transposed_fragment(sm, U(K_T), s, warp, lane)
+                    a2_big, a2_small = transposed_fragment(sm, U(K_T), s + 1, warp, lane)
+                    add_in_turn(dq_acc, step2_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE),
+                                                   a2_big, a2_small, U(W_T + STEP_FLOATS),
+                                                   U(W_T + TILE + STEP_FLOATS), s,
+                                                   U(LEAN_SCRATCH_AT)))
                 for nt in range(REGS // 4):
                     for e in range(4):                 # dQ^T entry (head dim c, query i)
                         c = row + U(8 * (e // 2))
@@ -537,12 +570,12 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m=BLOCK, block_n=BLOCK, paired=True, chained=True, prefetch=False,
-                 lean=False):
+                 lean=False, paired_steps=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
     kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible.
     lean: make_lean_kernel (two blocks per SM; the fastest measured) instead of
-    make_dkdv_kernel(causal, paired, chained, prefetch)."""
+    make_dkdv_kernel(causal, paired, chained, prefetch); paired_steps: make_lean_kernel's."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -550,8 +583,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), q.dtype)
     pre, tpb = make_preprocess_kernel(d, q.dtype, clear=True)
     pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
-    if lean:                                   # make_lean_kernel: its own fixed choices
-        kernel, tpb = make_lean_kernel(bool(causal))
+    if lean:                                   # make_lean_kernel: its own choices
+        kernel, tpb = make_lean_kernel(bool(causal), bool(paired_steps))
     else:
         kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained),
                                        bool(prefetch))

@@ -39,8 +39,8 @@ import math
 from numba import cuda, float32
 
 from . import forward_fa2
-from .backward_wgmma import (BLOCK, D_PAD, REGS, STEPS, TILE, add, applies, clear,
-                             make_stage, simulator_launch)
+from .backward_wgmma import (BLOCK, D_PAD, LOADS, REGS, STEP_FLOATS, TILE, add, add_in_turn,
+                             applies, clear, make_stage, put, simulator_launch)
 from .common import (NEG_INF, SIMULATOR, U, DynamicSharedKernel, inlined_device_function,
                      kernel_jit, kv_head)
 from .fa2_tiles import ALIGN
@@ -52,8 +52,7 @@ Q_T, K_T, VT_T = 0, 2 * TILE, 4 * TILE
 SCRATCH_AT = 6 * TILE          # the simulator's fragment and quad exchange (wgmma.py)
 NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
 
-stage_k, _ = make_stage(False)
-stage_vt, _ = make_stage(True, permuted=True)
+NEXT = TILE // WARPGROUP       # a thread's elements of a tile (prefetch)
 
 
 def default_blocks(head_dim, dtype):
@@ -62,33 +61,64 @@ def default_blocks(head_dim, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def make_wgmma_kernel(causal):
+def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=LOADS):
     """The kernel: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v, out, lse, scale,
-    heads, group) on (B*H, N, d) float32 device arrays, d <= 64 (the registry's contract)."""
-    step_regs = products(BLOCK, D_PAD, D_PAD)["step_3xtf32_regs"]
+    heads, group) on (B*H, N, d) float32 device arrays, d <= 64 (the registry's contract).
+    prefetch: the next K and V tiles are loaded into registers (2 x 32 per thread) while this
+    one is computed, and split into shared memory after the barrier; False: each tile is
+    loaded and staged after the barrier (its loads' latency in series with the compute).
+    paired: two steps of a product per tensor-core wait (each from zero, added in step order:
+    the same sums, half the round trips). loads: global loads in flight while staging."""
+    PREFETCH, PAIRED = prefetch, paired
+    stage_k, fetch_k = make_stage(False, loads=loads)
+    stage_vt, fetch_vt = make_stage(True, permuted=True, loads=loads)
+    prod = products(BLOCK, D_PAD, D_PAD)
+    step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
     uBM = U(BLOCK)
 
     @inlined_device_function
-    def s_step(sm, s_acc, q_at, s):
-        """s_acc += step s of (scale Q) K^T, A read from the staged Q tile into registers.
-        q_at: core_offset(row, t, 64) + Q_T for this thread (entries at +32, +512, +544 and
-        64 s further per step: wgmma.a_fragment_index)."""
-        o = q_at + U(64 * s)
-        a_big = (sm[o], sm[o + U(512)], sm[o + U(32)], sm[o + U(544)])
-        o += U(TILE)
-        a_small = (sm[o], sm[o + U(512)], sm[o + U(32)], sm[o + U(544)])
-        add(s_acc, step_regs(sm, a_big, a_small, U(K_T), U(K_T + TILE), s, U(SCRATCH_AT)))
+    def q_fragment(sm, o):
+        """scale Q's register A fragment (big, small) of step s, o = q_at + 64 s: q_at is
+        Q_T + core_offset(row, t, 64), the fragment's other entries 32, 512 and 544 floats on
+        (wgmma.a_fragment_index: k + 4, row + 8, both)."""
+        return ((sm[o], sm[o + U(512)], sm[o + U(32)], sm[o + U(544)]),
+                (sm[o + U(TILE)], sm[o + U(TILE + 512)], sm[o + U(TILE + 32)],
+                 sm[o + U(TILE + 544)]))
 
     @inlined_device_function
-    def pv_step(sm, o_acc, p, s):
-        """o_acc += step s of P V: P's C-fragment entries 4s, 4s + 2, 4s + 1, 4s + 3 are the A
-        fragment against the permuted V^T (module docstring)."""
+    def p_fragment(p, s):
+        """P's register A fragment (big, small) of step s: the C-fragment entries 4s, 4s + 2,
+        4s + 1, 4s + 3, against the permuted V^T (module docstring)."""
         b0, s0 = split_tf32(p[4 * s])
         b1, s1 = split_tf32(p[4 * s + 2])
         b2, s2 = split_tf32(p[4 * s + 1])
         b3, s3 = split_tf32(p[4 * s + 3])
-        add(o_acc, step_regs(sm, (b0, b1, b2, b3), (s0, s1, s2, s3), U(VT_T), U(VT_T + TILE),
-                             s, U(SCRATCH_AT)))
+        return (b0, b1, b2, b3), (s0, s1, s2, s3)
+
+    @inlined_device_function
+    def s_steps(sm, s_acc, q_at, s):
+        """s_acc += steps s (and s + 1 if PAIRED) of (scale Q) K^T."""
+        a_big, a_small = q_fragment(sm, q_at + U(STEP_FLOATS * s))
+        if PAIRED:
+            a2_big, a2_small = q_fragment(sm, q_at + U(STEP_FLOATS * (s + 1)))
+            add_in_turn(s_acc, step2_regs(sm, a_big, a_small, U(K_T), U(K_T + TILE), a2_big,
+                                          a2_small, U(K_T + STEP_FLOATS),
+                                          U(K_T + TILE + STEP_FLOATS), s, U(SCRATCH_AT)))
+        else:
+            add(s_acc, step_regs(sm, a_big, a_small, U(K_T), U(K_T + TILE), s, U(SCRATCH_AT)))
+
+    @inlined_device_function
+    def pv_steps(sm, o_acc, p, s):
+        """o_acc += steps s (and s + 1 if PAIRED) of P V."""
+        a_big, a_small = p_fragment(p, s)
+        if PAIRED:
+            a2_big, a2_small = p_fragment(p, s + 1)
+            add_in_turn(o_acc, step2_regs(sm, a_big, a_small, U(VT_T), U(VT_T + TILE), a2_big,
+                                          a2_small, U(VT_T + STEP_FLOATS),
+                                          U(VT_T + TILE + STEP_FLOATS), s, U(SCRATCH_AT)))
+        else:
+            add(o_acc, step_regs(sm, a_big, a_small, U(VT_T), U(VT_T + TILE), s,
+                                 U(SCRATCH_AT)))
 
     @kernel_jit(WARPGROUP)
     def forward_wgmma(q, k, v, out, lse, scale, heads, group):
@@ -110,9 +140,11 @@ def make_wgmma_kernel(causal):
         l = cuda.local.array(2, float32)                 # this thread's share of the row sums
         m_safe = cuda.local.array(2, float32)            # m, or 0 while a row has seen no key
         alpha = cuda.local.array(2, float32)             # exp(m_old - m_new)
+        k_next = cuda.local.array(NEXT, float32)         # prefetch: the next K/V tiles
+        v_next = cuda.local.array(NEXT, float32)
         # scale Q, staged once as big and small parts; its A fragments are read from there
         stage_k(sm, U(Q_T), q, bh, row0, d, scale)
-        q_at = U(Q_T) + warp * U(1024) + lane
+        q_at = U(Q_T) + warp * U(1024) + lane     # core_offset(row, t4, 64): see q_fragment
         for h in range(2):
             m[h] = float32(NEG_INF)
             l[h] = float32(0.0)
@@ -123,25 +155,40 @@ def make_wgmma_kernel(causal):
             last = row0 + uBM + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
         n0 = U(0)
+        if PREFETCH and n0 < n_end:
+            fetch_k(k_next, k, kv, n0, d, float32(1.0))
+            fetch_vt(v_next, v, kv, n0, d, float32(1.0))
         while n0 < n_end:
             cuda.syncthreads()                      # every warp is done with the last tiles
-            stage_k(sm, U(K_T), k, kv, n0, d, float32(1.0))
-            stage_vt(sm, U(VT_T), v, kv, n0, d, float32(1.0))
+            if PREFETCH:
+                put(sm, U(K_T), k_next)
+                put(sm, U(VT_T), v_next)
+            else:
+                stage_k(sm, U(K_T), k, kv, n0, d, float32(1.0))
+                stage_vt(sm, U(VT_T), v, kv, n0, d, float32(1.0))
             fence_proxy_async()
             cuda.syncthreads()
+            n1 = n0 + uBM
+            if PREFETCH and n1 < n_end:             # lands while this tile is computed
+                fetch_k(k_next, k, kv, n1, d, float32(1.0))
+                fetch_vt(v_next, v, kv, n1, d, float32(1.0))
 
             # S = (scale Q) K^T, the lean backward's steps (module docstring)
             # (the steps written out with constant s: a loop holding a wgmma is not unrolled,
             # and the arrays it indexed went to local memory, 384 bytes; common.py)
             clear(s_acc)
-            s_step(sm, s_acc, q_at, 0)
-            s_step(sm, s_acc, q_at, 1)
-            s_step(sm, s_acc, q_at, 2)
-            s_step(sm, s_acc, q_at, 3)
-            s_step(sm, s_acc, q_at, 4)
-            s_step(sm, s_acc, q_at, 5)
-            s_step(sm, s_acc, q_at, 6)
-            s_step(sm, s_acc, q_at, 7)
+            s_steps(sm, s_acc, q_at, 0)
+            if not PAIRED:
+                s_steps(sm, s_acc, q_at, 1)
+            s_steps(sm, s_acc, q_at, 2)
+            if not PAIRED:
+                s_steps(sm, s_acc, q_at, 3)
+            s_steps(sm, s_acc, q_at, 4)
+            if not PAIRED:
+                s_steps(sm, s_acc, q_at, 5)
+            s_steps(sm, s_acc, q_at, 6)
+            if not PAIRED:
+                s_steps(sm, s_acc, q_at, 7)
 
             # mask, then the row max of this tile: the thread's 16 entries, then its quad's
             mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
@@ -175,14 +222,18 @@ def make_wgmma_kernel(causal):
                 o_acc[j] *= alpha[h]
 
             # O += P V: P's C fragment is the A fragment against the permuted V^T
-            pv_step(sm, o_acc, s_acc, 0)
-            pv_step(sm, o_acc, s_acc, 1)
-            pv_step(sm, o_acc, s_acc, 2)
-            pv_step(sm, o_acc, s_acc, 3)
-            pv_step(sm, o_acc, s_acc, 4)
-            pv_step(sm, o_acc, s_acc, 5)
-            pv_step(sm, o_acc, s_acc, 6)
-            pv_step(sm, o_acc, s_acc, 7)
+            pv_steps(sm, o_acc, s_acc, 0)
+            if not PAIRED:
+                pv_steps(sm, o_acc, s_acc, 1)
+            pv_steps(sm, o_acc, s_acc, 2)
+            if not PAIRED:
+                pv_steps(sm, o_acc, s_acc, 3)
+            pv_steps(sm, o_acc, s_acc, 4)
+            if not PAIRED:
+                pv_steps(sm, o_acc, s_acc, 5)
+            pv_steps(sm, o_acc, s_acc, 6)
+            if not PAIRED:
+                pv_steps(sm, o_acc, s_acc, 7)
             n0 += uBM
 
         # O / l and lse = m + log l; l >= 1 wherever m is finite (the max entry gives exp 0)
@@ -205,12 +256,12 @@ def make_wgmma_kernel(causal):
     return simulator_launch(DynamicSharedKernel(forward_wgmma, NBYTES)), WARPGROUP
 
 
-def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
-    """The registered "wgmma" forward: make_wgmma_kernel(causal) where backward_wgmma.applies
-    (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator), the fa2 forward (FFMA)
-    everywhere else."""
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, **options):
+    """The registered "wgmma" forward: make_wgmma_kernel(causal, **options) where
+    backward_wgmma.applies (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator),
+    the fa2 forward (FFMA) everywhere else."""
     if applies(head_dim, dtype, block_m, block_n):
-        return make_wgmma_kernel(bool(causal))
+        return make_wgmma_kernel(bool(causal), **options)
     return forward_fa2.make_forward_kernel(block_m, block_n, head_dim, causal, dtype)
 
 
