@@ -20,7 +20,7 @@ import reference as ref
 
 from . import arrays
 from .api import flash_attention_backward, flash_attention_forward
-from .kernels import BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD
+from .kernels import BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD, forward_for
 
 QUICK_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024) for c in (False, True)]
 FULL_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024, 2048, 4096, 8192, 16384)
@@ -104,7 +104,7 @@ def implementations():
         fwd, fwd_bwd = _numba_flash(name)  # default one (the backward is shared)
         impls[f"numba-flash {name}"] = (fwd, fwd_bwd if name == DEFAULT_FORWARD else None, "device")
     for name in sorted(set(BACKWARD) - {DEFAULT_BACKWARD}):   # other backward variants: fwd+bwd
-        forward = BACKWARD[name].forward or DEFAULT_FORWARD      # with the forward they follow
+        forward = forward_for(name)                              # with the forward they follow
         impls[f"numba-flash {forward}, backward {name}"] = (     # (the default if none)
             None, _numba_flash(forward, name)[1], "device")
     try:

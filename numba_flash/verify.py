@@ -6,7 +6,7 @@ import time
 import numpy as np
 
 from .api import flash_attention_backward, flash_attention_forward
-from .kernels import BACKWARD, DEFAULT_FORWARD, FORWARD
+from .kernels import BACKWARD, FORWARD, forward_for
 from .testing import GPU_CASES, SIMULATOR_CASES, check_backward, check_forward
 
 DTYPES = (np.float32, np.float64)
@@ -28,7 +28,7 @@ def run_checks(cases, dtypes=DTYPES, forward=None, backward=None):
             for name in backward:
                 # each backward consumes the forward it follows (BackwardVariant.forward), by
                 # default the default forward
-                source = BACKWARD[name].forward or DEFAULT_FORWARD
+                source = forward_for(name)
                 if source not in results:
                     results[source] = flash_attention_forward(q, k, v, causal=case.causal,
                                                               kernel=source)

@@ -22,7 +22,7 @@ from numba_flash.kernels import forward_wgmma, register_forward
 from numba_flash.testing import Case, check_forward
 
 OPTIONS = {"wgmma, unpaired": dict(paired=False),
-           "wgmma, loads 16": dict(loads=16),
+           "wgmma, loads 8": dict(loads=8),
            "wgmma, prefetch": dict(prefetch=True)}
 for name, options in OPTIONS.items():
     register_forward(name, functools.partial(forward_wgmma.make_forward_kernel, **options),

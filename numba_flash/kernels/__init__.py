@@ -92,3 +92,10 @@ register_backward("wgmma", backward_wgmma.run_or_fallback,
                   forward="wgmma")
 
 DEFAULT_BACKWARD = "fa2-atomic"
+
+
+def forward_for(backward):
+    """The registered forward whose out and lse the named backward should consume: the one it
+    follows (BackwardVariant.forward), else DEFAULT_FORWARD (also for names not registered)."""
+    variant = BACKWARD.get(backward)
+    return (variant.forward if variant is not None else None) or DEFAULT_FORWARD

@@ -555,13 +555,14 @@ def default_blocks_or_fallback(head_dim, dtype):
 
 def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                     block_m, block_n):
-    """The registered "wgmma" backward: the lean kernel (run_backward(lean=True)) where
+    """The registered "wgmma" backward: the lean kernel with paired steps (run_backward(lean=True,
+    paired_steps=True): 1.05-1.10x lean's steps one per wait, H200 2026-12-01) where
     `applies` (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator), the fa2-atomic
     backward (mma.sync tensor cores in float32) everywhere else, e.g. d > 64, float64, other
     tiles or another GPU. Either way dQ comes from atomics (not bitwise reproducible)."""
     if applies(q.shape[2], q.dtype, block_m, block_n):
         run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale, heads=heads,
-                     group=group, causal=causal, lean=True)
+                     group=group, causal=causal, lean=True, paired_steps=True)
     else:
         backward_fa2.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                                   heads=heads, group=group, causal=causal, block_m=block_m,

@@ -39,7 +39,7 @@ import math
 from numba import cuda, float32
 
 from . import forward_fa2
-from .backward_wgmma import (BLOCK, D_PAD, LOADS, REGS, STEP_FLOATS, TILE, add, add_in_turn,
+from .backward_wgmma import (BLOCK, D_PAD, REGS, STEP_FLOATS, TILE, add, add_in_turn,
                              applies, clear, make_stage, put, simulator_launch)
 from .common import (NEG_INF, SIMULATOR, U, DynamicSharedKernel, inlined_device_function,
                      kernel_jit, kv_head)
@@ -53,6 +53,9 @@ SCRATCH_AT = 6 * TILE          # the simulator's fragment and quad exchange (wgm
 NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
 
 NEXT = TILE // WARPGROUP       # a thread's elements of a tile (prefetch)
+# global loads in flight per thread while staging K and V: 16 ran 1.07-1.16x the 8 of the
+# backward's staging (H200, 2026-12-01, tests/ab_forward_wgmma.py); 32 spills (255 registers)
+STAGE_LOADS = 16
 
 
 def default_blocks(head_dim, dtype):
@@ -61,7 +64,7 @@ def default_blocks(head_dim, dtype):
 
 
 @functools.lru_cache(maxsize=None)
-def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=LOADS):
+def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
     """The kernel: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v, out, lse, scale,
     heads, group) on (B*H, N, d) float32 device arrays, d <= 64 (the registry's contract).
     prefetch: the next K and V tiles are loaded into registers (2 x 32 per thread) while this

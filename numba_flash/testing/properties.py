@@ -12,7 +12,7 @@ import numpy as np
 import reference as ref
 
 from ..api import flash_attention_backward, flash_attention_forward
-from ..kernels import DEFAULT_FORWARD
+from ..kernels import DEFAULT_FORWARD, forward_for
 from .tolerance import (GRADIENT_MULTIPLE, Comparison, check_backward,
                         check_forward, compare, expand_kv, reference_p_dp,
                         truth_dtype)
@@ -61,7 +61,7 @@ def forward_agrees(kernel, p):
 def backward_agrees(kernel, p):
     """dq, dk, dv within tolerance of truth (3x NumPy's same-precision error)."""
     q, k, v, dout = p.inputs()
-    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=DEFAULT_FORWARD)
+    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=forward_for(kernel))
     grads = flash_attention_backward(dout, q, k, v, out, lse, causal=p.causal, kernel=kernel,
                                      block_m=p.block_m, block_n=p.block_n)
     return Outcome("backward agrees", kernel, p, check_backward(dout, q, k, v, *grads, causal=p.causal))
@@ -143,7 +143,7 @@ def ds_rows_sum_to_zero(kernel, p):
     which the tolerance helper's term-relative floor allows for)."""
     q, k, v, dout = p.inputs()
     k = np.broadcast_to(k[..., :1, :], k.shape).copy()
-    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=DEFAULT_FORWARD)
+    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=forward_for(kernel))
     dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=p.causal, kernel=kernel,
                                           block_m=p.block_m, block_n=p.block_n)
     return Outcome("dS rows sum to zero", kernel, p,
