@@ -42,6 +42,10 @@ def test_fuzz_cli_rejects_unknown_kernels_and_empty_selections(capsys):
     assert "unknown kernels ['nope']" in capsys.readouterr().err
     # a forward-only property asked of a backward-only kernel name matches no pair
     assert campaign.pairs(["forward agrees"], ["no such kernel"]) == []
+    # tile invariance only where there are tiles to draw (wgmma has one shape)
+    assert ("tile invariance", "fa2") in campaign.pairs()
+    assert ("tile invariance", "wgmma") not in campaign.pairs()
+    assert ("forward agrees", "wgmma") in campaign.pairs()
 
 
 def test_gpu_profile_does_not_shrink():

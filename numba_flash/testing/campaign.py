@@ -20,10 +20,17 @@ def pairs(properties=None, kernels=None):
     registered kernel it applies to (of `kernels`, default all)."""
     out = []
     for name in properties or PROPERTIES:
-        _, kind, _ = PROPERTIES[name]
+        _, kind, prop_tiles = PROPERTIES[name]
         out += [(name, k) for k in sorted(FORWARD if kind == "forward" else BACKWARD)
-                if kernels is None or k in kernels]
+                if (kernels is None or k in kernels) and applies(name, prop_tiles, k)]
     return out
+
+
+def applies(prop, prop_tiles, kernel):
+    """False for tile invariance on a kernel with no list of tiles to draw (strategies.TILES:
+    a kernel of one tile shape, like wgmma, whose other tiles are another kernel's fallback),
+    where every example would be rejected (Hypothesis: Unsatisfiable)."""
+    return prop != "tile invariance" or tiles_for(prop_tiles, kernel) is not None
 
 
 def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="auto",
