@@ -1,4 +1,4 @@
-"""The experimental wgmma backward (kernels/backward_wgmma.py) on a GPU, not a pytest module.
+"""The wgmma backward (kernels/backward_wgmma.py) and its options on a GPU, not a pytest module.
 
     python tests/ab_wgmma.py check [NAME ...]  # odd float32 cases within tolerance (exit 1
                                               # if not); under compute-sanitizer too

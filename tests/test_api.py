@@ -101,14 +101,17 @@ def test_default_blocks_fit_every_head_dim():
 
 def test_bench_times_every_registered_forward_and_backward_variant():
     from numba_flash import bench
-    from numba_flash.kernels import BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD
+    from numba_flash.kernels import (BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD,
+                                     forward_for)
     impls = bench.implementations()
     for name in FORWARD:
         fwd, fwd_bwd, _ = impls[f"numba-flash {name}"]
         assert fwd is not None and (fwd_bwd is not None) == (name == DEFAULT_FORWARD)
-    for name in set(BACKWARD) - {DEFAULT_BACKWARD}:
-        fwd, fwd_bwd, _ = impls[f"numba-flash {DEFAULT_FORWARD}, backward {name}"]
+    for name in set(BACKWARD) - {DEFAULT_BACKWARD}:     # timed after the forward it follows
+        fwd, fwd_bwd, _ = impls[f"numba-flash {forward_for(name)}, backward {name}"]
         assert fwd is None and fwd_bwd is not None
+    assert forward_for("wgmma") == "wgmma" and forward_for("fa2") == DEFAULT_FORWARD
+    assert "numba-flash wgmma, backward wgmma" in impls
 
 
 def test_fa2_backward_compiles_once_per_padded_head_dim():

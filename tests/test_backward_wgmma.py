@@ -1,5 +1,6 @@
-"""kernels/backward_wgmma.py (the experimental wgmma backward, not registered), its default and
-its options (steps from zero, prefetch with unpaired products, the lean two-blocks-per-SM kernel):
+"""kernels/backward_wgmma.py (its lean kernel with paired steps is the registered "wgmma"
+backward), its default and its options (steps from zero, prefetch with unpaired products, the
+lean two-blocks-per-SM kernel, lean with paired steps), each registered here for the test:
 against float64 truth within the tolerance rule, on the simulator (its products modelled by
 wgmma.py) and on a GPU; clear errors for what it does not cover."""
 

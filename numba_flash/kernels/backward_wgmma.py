@@ -1,7 +1,9 @@
-"""Backward on Hopper warpgroup products (wgmma, sm_90a; kernels/wgmma.py): an experiment, not
-registered. float32, head dim up to 64, 64 x 64 tiles, one warpgroup (128 threads) per K/V
-block of 64 rows; every product is 3xTF32 with its operands split once into big and small TF32
-parts (notebooks/data/perf-notes.md, versions 12 and 13).
+"""Backward on Hopper warpgroup products (wgmma, sm_90a; kernels/wgmma.py). float32, head dim up
+to 64, 64 x 64 tiles, one warpgroup (128 threads) per K/V block of 64 rows; every product is
+3xTF32 with its operands split once into big and small TF32 parts (notebooks/data/perf-notes.md,
+versions 12-14). Its lean kernel with paired steps is registered as the "wgmma" backward
+(run_or_fallback: fa2-atomic where it does not apply), which follows the "wgmma" forward
+(forward_wgmma.py computes S as the lean kernel does, bit for bit).
 
 Per K/V block (rows j), over the query heads sharing its key head and their Q blocks (rows i),
 with the forward's operand roles (M = i, the warpgroup's 64 rows):
@@ -34,7 +36,10 @@ fixed-latency dependencies, loads and barriers the rest: latency-bound, with not
 it. `make_lean_kernel` (run_backward's lean=True) takes that away: 96 KiB of shared memory, two
 blocks per SM, and 26.8 / 29.7-29.9 / 33.8 TFLOP/s at N = 1k / 2k / 4k (the default fa2-atomic
 26.1-26.6 at 2k, 29.1-29.2 at 4k in the same process): 1.12-1.16x. Within tolerance on every GPU
-case with d <= 64; not yet run under compute-sanitizer. perf-notes version 13 has the numbers.
+case with d <= 64. With two steps per tensor-core wait (paired_steps, 2026-12-01): 27.0-27.9 /
+31.6 / 35.0-35.2 against the default's 22.9-23.0 / 26.1-26.2 / 28.8-28.9 (1.17-1.22x), every
+gpu test passing, compute-sanitizer memcheck 0 errors and racecheck 0 hazards
+(tests/sanitize.py wgmma). perf-notes versions 13 and 14 have the numbers.
 """
 
 import contextlib

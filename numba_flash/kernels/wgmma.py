@@ -1,7 +1,8 @@
 """Hopper warpgroup products (wgmma, sm_90a) for Numba kernels: TF32 operands in shared memory,
 float32 accuracy by the 3xTF32 split, one warpgroup (4 consecutive warps, 128 threads, the
-first warp's index a multiple of 4) per product. Used by the experimental backward
-kernels/backward_wgmma.py (not registered; notebooks/data/perf-notes.md, version 13).
+first warp's index a multiple of 4) per product. Used by kernels/forward_wgmma.py and
+kernels/backward_wgmma.py, registered as the "wgmma" forward and backward
+(notebooks/data/perf-notes.md, versions 13 and 14).
 
 Layout. wgmma reads TF32 operands from shared memory only K-major, as "core matrices" of 8 rows
 x 16 bytes (8 x 4 TF32). Here a rows x K tile puts each core matrix's rows next to each other
