@@ -15,8 +15,9 @@ from S and lse, and at logits of 1e4 an ulp of S moves P by percents. Both pass 
 register fragments holding the same TF32 parts (q * scale in float32, then mma.split_tf32; the
 backward reads them from global memory, this kernel from its staged Q tile) and B = the K tile of
 the same `stage`, and issue the same three wgmma per step, added into an accumulator that starts
-at zero in step order; so the backward's S is this S bit for bit. (A B^T and (B A^T)^T are not
-always bitwise on the tensor core, perf-notes version 13: the roles must match, and they do.)
+at zero in step order; so the backward's S is this S bit for bit, by construction (no test
+compares the two S bit for bit: neither kernel exposes it). (A B^T and (B A^T)^T are not always
+bitwise on the tensor core, perf-notes version 13: the roles must match, and they do.)
 
 P as wgmma's A operand without a trip through shared memory. S's accumulator (mma.m16n8k8's C
 fragment, wgmma.position) gives a thread the keys 2t and 2t + 1 of every 8-key group of its two
@@ -35,8 +36,8 @@ registers with spills).
 Measured on an H200 (2026-12-01, numba-flash bench, d = 64, not causal; notebooks/data/
 wgmma-forward-h200-2026-12-01.txt): 26.1 / 30.4 / 34.4 / 35.0 TFLOP/s at N = 1k / 2k / 4k / 8k,
 the fa2 forward 23.7 / 27.3 / 29.6 / 29.9 and torch's efficient backend 33.5-34.9 in the same
-process; within the tolerance rule on every GPU case with d <= 64 (both dtypes, the others run
-fa2), under the gpu-profile properties, memcheck and racecheck clean. Nsight Compute (N = 2k,
+process; within the tolerance rule on every GPU case with d <= 64 in float32 (float64 and the
+other cases run fa2), under the gpu-profile properties, memcheck and racecheck clean. Nsight Compute (N = 2k,
 before the 16 loads): 2 warps per scheduler, 0.81 eligible, an instruction issued on 56 % of
 cycles: latency-bound, as the backward was with one warp.
 """
