@@ -5,6 +5,10 @@ Grid (FlashAttention's benchmark): batch * seqlen = 16k, hidden 2048 (H = 2048 /
 (S and P materialized, cuBLAS products) and torch scaled_dot_product_attention with the math
 and efficient backends, when importable. FLOPs: forward 4 * B * H * (visible pairs) * d,
 forward+backward 3.5x that. Times are medians over repeats, each bracketed by device syncs.
+Ours: every registered forward ("numba-flash NAME"; the default also forward+backward with the
+default backward) and every other registered backward after the forward it follows
+("numba-flash FORWARD, backward NAME"). `--d`, `--n` and `--impl` (fnmatch patterns on those
+names) pick a part of the grid and of the implementations.
 """
 
 import datetime
