@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from numba_flash import cuda_gpu_present, flash_attention_backward, flash_attention_forward
-from numba_flash.kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
+from numba_flash.kernels import (FORWARD, backward, backward_fa2, forward_fa2, forward_rowwise,
+                                 forward_tiled)
 from numba_flash.testing import Case, check_backward
 
 
@@ -97,6 +98,8 @@ def test_default_blocks_fit_every_head_dim():
                 module.make_dq_kernel(bm, bn, d, True, np.dtype(dtype))
             bm, bn = backward_fa2.default_blocks_atomic(d, np.dtype(dtype))
             backward_fa2.make_dkdv_kernel(bm, bn, d, True, np.dtype(dtype), dq_atomic=True)
+            wgmma = FORWARD["wgmma"]                   # wgmma's own tiles or fa2's fallback
+            wgmma.make_kernel(*wgmma.default_blocks(d, np.dtype(dtype)), d, True, np.dtype(dtype))
 
 
 def test_bench_times_every_registered_forward_and_backward_variant():

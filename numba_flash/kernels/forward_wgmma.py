@@ -69,11 +69,6 @@ NEXT = TILE // WARPGROUP       # a thread's elements of a tile (prefetch)
 STAGE_LOADS = 16
 
 
-def default_blocks(head_dim, dtype):
-    """(64, 64): the only tiles this kernel has."""
-    return BLOCK, BLOCK
-
-
 @functools.lru_cache(maxsize=None)
 def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
     """The kernel: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v, out, lse, scale,
