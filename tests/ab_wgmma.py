@@ -2,16 +2,16 @@
 
     python tests/ab_wgmma.py check [NAME ...]  # odd float32 cases within tolerance (exit 1
                                               # if not); under compute-sanitizer too
-    python tests/ab_wgmma.py time [NAME ...]   # A/B against the default backward
+    python tests/ab_wgmma.py time [--d D] [NAME ...]  # A/B against the default backward
                                               # (fa2-atomic): TFLOP/s, alternating, two
-                                              # rounds, one process
+                                              # rounds, one process (d = 64 unless given)
     python tests/ab_wgmma.py ncu [NAME]       # one wgmma backward at N = 2k, for
                                               # ncu -k regex:wgmma
 
 Everything goes through the API, the kernel registered here as "fa2-wgmma" and its options
 under their own names (NAME: every one of them if none is given). Timing uses the benchmark's
-grid (B*H = (16384 / N) (2048 / d)), d = 64, N = 1k, 2k, 4k, and counts the backward as 2.5x
-the forward's FLOPs.
+grid (B*H = (16384 / N) (2048 / d)), d = 64 (or --d), N = 1k, 2k, 4k, and counts the backward
+as 2.5x the forward's FLOPs.
 """
 import functools
 import sys
@@ -22,7 +22,8 @@ from numba import cuda
 import reference as ref
 from numba_flash import flash_attention_backward, flash_attention_forward
 from numba_flash.bench import _median_ms
-from numba_flash.kernels import DEFAULT_BACKWARD, backward_wgmma, register_backward
+from numba_flash.kernels import (DEFAULT_BACKWARD, backward_wgmma, backward_wgmma_wide,
+                                 register_backward)
 from numba_flash.testing import Case, check_backward
 
 NAME = "fa2-wgmma"
@@ -39,6 +40,9 @@ for name, options in OPTIONS.items():
     register_backward(name, functools.partial(backward_wgmma.run_backward, **options),
                       backward_wgmma.default_blocks)
 VARIANTS = (NAME, *OPTIONS)
+# the two-warpgroup kernel for 64 < d <= 128 (time --d 128 "fa2-wgmma, wide")
+WIDE = "fa2-wgmma, wide"
+register_backward(WIDE, backward_wgmma_wide.run_backward, backward_wgmma.default_blocks)
 
 # partial tiles, several Q blocks and K/V blocks, GQA, causal with masked rows, d < 64
 CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
@@ -71,11 +75,12 @@ def time_ab(d=64, sizes=(1024, 2048, 4096), variants=VARIANTS):
                        for _ in range(4))
         out, lse = flash_attention_forward(q, k, v)
         flops = 2.5 * ref.forward_flops(n, n, d, False, bh)
-        ours = flash_attention_backward(do, q, k, v, out, lse, kernel=NAME)
+        ours = flash_attention_backward(do, q, k, v, out, lse, kernel=variants[0])
         base = flash_attention_backward(do, q, k, v, out, lse)
         diff = max(float(np.max(np.abs(a.copy_to_host() - b.copy_to_host())))
                    for a, b in zip(ours, base))
-        print(f"d={d} N={n}: max |wgmma - {DEFAULT_BACKWARD}| = {diff:.2e}", flush=True)
+        print(f"d={d} N={n}: max |{variants[0]} - {DEFAULT_BACKWARD}| = {diff:.2e}",
+              flush=True)
         for rnd in range(2):
             for name in (DEFAULT_BACKWARD, *variants):
                 ms = _median_ms(lambda: flash_attention_backward(do, q, k, v, out, lse,
@@ -100,4 +105,7 @@ if __name__ == "__main__":
         sys.exit(check(names or VARIANTS))
     if what == "ncu":
         sys.exit(one_for_ncu(*names[:1]))
-    time_ab(variants=names or VARIANTS)
+    d = 64
+    if names[:1] == ["--d"]:
+        d, names = int(names[1]), names[2:]
+    time_ab(d=d, variants=names or VARIANTS)

@@ -27,7 +27,7 @@ class _Hopper:
 
 dispatcher.get_current_device = lambda: _Hopper()
 
-from numba_flash.kernels import backward_wgmma, forward_wgmma  # noqa: E402
+from numba_flash.kernels import backward_wgmma, backward_wgmma_wide, forward_wgmma  # noqa: E402
 
 A3, A2 = types.Array(float32, 3, "C"), types.Array(float32, 2, "C")
 FORWARD_ARGS = (A3, A3, A3, A3, A2, float32, int64, int64)
@@ -44,6 +44,9 @@ def kernels():
         kernel, _ = backward_wgmma.make_lean_kernel(False, paired_steps)
         yield (f"lean backward paired_steps={paired_steps}", kernel.kernel.py_func,
                BACKWARD_ARGS)
+    for causal in (False, True):
+        kernel, _ = backward_wgmma_wide.make_wide_kernel(causal)
+        yield f"wide backward causal={causal}", kernel.kernel.py_func, BACKWARD_ARGS
 
 
 def main(words):

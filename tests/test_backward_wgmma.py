@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from numba_flash import flash_attention_backward, flash_attention_forward
-from numba_flash.kernels import BACKWARD, backward_wgmma, register_backward
+from numba_flash.kernels import (BACKWARD, backward_wgmma, backward_wgmma_wide,
+                                 register_backward)
 from numba_flash.testing import GPU_CASES, Case, assert_within_tolerance, check_backward
 
 NAME = "wgmma (test)"
@@ -83,3 +84,41 @@ def test_wgmma_backward_rejects_what_it_does_not_cover():
                                              "lean, paired steps"])
 def test_gpu_wgmma_backward_within_tolerance(case, wgmma_registered):
     check_case(case, wgmma_registered)
+
+
+# the registered "wgmma" backward at 64 < d <= 128: backward_wgmma_wide's two warpgroups
+# (the forward is fa2's there). Simulator: a causal block with fully masked rows at d = 128;
+# GQA with two query heads, two Q blocks and a partial K/V block at d = 72
+WIDE_SMALL = (Case("d = 128, causal, fully masked rows", 1, 1, 1, 21, 7, 128, causal=True),
+              Case("d = 72, GQA, two Q blocks, Nq != Nk", 1, 2, 1, 70, 45, 72))
+
+
+@pytest.mark.parametrize("case", WIDE_SMALL, ids=lambda c: c.name)
+def test_wide_backward_within_tolerance(case):
+    check_case(case, "wgmma")
+
+
+def test_wide_backward_applies_where_lean_does_not():
+    assert backward_wgmma_wide.applies(65, np.float32)
+    assert backward_wgmma_wide.applies(128, np.float32)
+    assert not backward_wgmma_wide.applies(64, np.float32)
+    assert not backward_wgmma_wide.applies(129, np.float32)
+    assert not backward_wgmma_wide.applies(128, np.float64)
+    assert not backward_wgmma_wide.applies(128, np.float32, 32, 64)
+    with pytest.raises(ValueError, match="head_dim <= 128"):
+        backward_wgmma_wide.check(129, np.float32)
+    with pytest.raises(ValueError, match="float32 only"):
+        backward_wgmma_wide.check(128, np.float64)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", [c for c in GPU_CASES if 64 < c.d <= 128]
+                         + [Case("d = 128, N = 2048", 1, 4, 4, 2048, 2048, 128),
+                            Case("d = 128, N = 2048, causal, GQA", 1, 4, 2, 2048, 2048, 128,
+                                 causal=True),
+                            Case("d = 128, logits x1e3", 1, 2, 2, 256, 256, 128,
+                                 logit_scale=1e3),
+                            Case("d = 96, odd, causal", 2, 3, 1, 197, 131, 96, causal=True)],
+                         ids=lambda c: c.name)
+def test_gpu_wide_backward_within_tolerance(case):
+    check_case(case, "wgmma")

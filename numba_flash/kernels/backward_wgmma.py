@@ -89,13 +89,17 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
                          f"block_n={block_n}")
 
 
-def make_stage(transposed, permuted=False, loads=LOADS):
+def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False):
     """stage and fetch for tiles K-major over the head dim (transposed: over the rows).
     permuted (with transposed): within each 8-group of the contraction, position k holds row
     2 (k % 4) + k // 4, so that a C fragment is a register A fragment against this tile
     (forward_wgmma: O += P V with V^T so staged). loads: stage's batch of global loads in
-    flight (a divisor of 32)."""
+    flight (a divisor of 32). per_warpgroup: stage runs in a block of several warpgroups, each
+    staging its own tiles (thread index taken modulo 128; a separate option because that
+    one instruction moved ptxas's allocation of the timed one-warpgroup forward, 170 -> 188
+    registers)."""
     BATCH = loads
+    GROUPS = per_warpgroup
     @device_function
     def contraction_index(c_t):
         if permuted:
@@ -103,27 +107,31 @@ def make_stage(transposed, permuted=False, loads=LOADS):
         return c_t
 
     @cuda.jit(device=True)
-    def load(src, head, row0, n, d, mult, x, r_t, c_t):
+    def load(src, head, row0, col0, n, d, mult, x, r_t, c_t):
         """Element x * 128 + tid of the tile (see stage), or zero outside src."""
         r = U(8 * (x // 4)) + r_t
         c = U(16 * (x % 4)) + c_t
         if transposed:
             r, c = c, r
+        c += col0
         val = float32(0.0)
         if row0 + r < n and c < d:
             val = src[head, row0 + r, c] * mult
         return val
 
     @cuda.jit(device=True)
-    def stage(sm, at, src, head, row0, d, mult):
-        """Rows row0.. of src[head] (times mult; zero past its rows or the head dim) as a
-        64 x 64 tile, K-major over the head dim (transposed: over the rows, the tile's rows
-        being the head dim), at sm[at] (big) and sm[at + TILE] (small). Thread-index
-        order is the layout's own, so a warp writes one 512-byte run; the loads go in
-        batches of `loads`, so that a batch is in flight at once (one warp per scheduler
-        has nothing else to hide a load's latency behind)."""
+    def stage(sm, at, src, head, row0, col0, d, mult):
+        """Rows row0.. and head-dim columns col0..col0 + 63 of src[head] (times mult; zero
+        past its rows or the head dim) as a 64 x 64 tile, K-major over the head dim
+        (transposed: over the rows, the tile's rows being the head dim), at sm[at] (big) and
+        sm[at + TILE] (small), by 128 threads (per_warpgroup: those of the caller's).
+        Thread-index order is the layout's own, so a warp writes one 512-byte run; the loads
+        go in batches of `loads`, so that a batch is in flight at once (one warp per
+        scheduler has nothing else to hide a load's latency behind)."""
         n = U(src.shape[1])
         tid = U(cuda.threadIdx.x)
+        if GROUPS:
+            tid %= U(WARPGROUP)
         # element idx = tid + 128 x of the layout is (r, c) = (8 (x // 4) + r_t,
         # 16 (x % 4) + c_t): core_offset's inverse, with the thread's part computed once
         # (uint32 index math throughout: Python ints are int64 in Numba, and signed
@@ -133,7 +141,7 @@ def make_stage(transposed, permuted=False, loads=LOADS):
         vals = cuda.local.array(BATCH, float32)
         for b in range(TILE // WARPGROUP // BATCH):
             for u in range(BATCH):
-                vals[u] = load(src, head, row0, n, d, mult, b * BATCH + u, r_t, c_t)
+                vals[u] = load(src, head, row0, col0, n, d, mult, b * BATCH + u, r_t, c_t)
             for u in range(BATCH):
                 idx = tid + U((b * BATCH + u) * WARPGROUP)
                 big, small = split_tf32(vals[u])
@@ -142,12 +150,13 @@ def make_stage(transposed, permuted=False, loads=LOADS):
 
     @cuda.jit(device=True)
     def fetch(vals, src, head, row0, d, mult):
-        """stage's loads, all of them, into vals (TILE / 128 registers), to be put later."""
+        """stage's loads (head-dim columns 0..63), all of them, into vals (TILE / 128
+        registers), to be put later."""
         tid = U(cuda.threadIdx.x)
         r_t = (tid // U(4)) % U(8)
         c_t = contraction_index((tid // U(32)) * U(4) + tid % U(4))
         for x in range(TILE // WARPGROUP):
-            vals[x] = load(src, head, row0, U(src.shape[1]), d, mult, x, r_t, c_t)
+            vals[x] = load(src, head, row0, U(0), U(src.shape[1]), d, mult, x, r_t, c_t)
     return stage, fetch
 
 (stage, fetch), (stage_kt, _) = make_stage(False), make_stage(True)
@@ -266,9 +275,9 @@ def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
         do_next = cuda.local.array(NEXT, float32)     # and the next dO tile's
         clear(dk_acc)
         clear(dv_acc)
-        stage(sm, U(K_T), k, kvh, n0, d, float32(1.0))
-        stage(sm, U(V_T), v, kvh, n0, d, float32(1.0))
-        stage_kt(sm, U(KT_T), k, kvh, n0, d, float32(1.0))   # K^T: rows the head dim
+        stage(sm, U(K_T), k, kvh, n0, U(0), d, float32(1.0))
+        stage(sm, U(V_T), v, kvh, n0, U(0), d, float32(1.0))
+        stage_kt(sm, U(KT_T), k, kvh, n0, U(0), d, float32(1.0))   # K^T: rows the head dim
         # causal: query i sees key j iff j + nq <= i + nk; skip Q blocks that see none of ours
         m_start = U(0)
         if causal and n0 + nq > nk:
@@ -284,12 +293,12 @@ def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
             bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
             m0 = m_start
             if PREFETCH and m0 < nq:                   # a head's first tiles: no prefetch
-                stage(sm, U(Q_T), q, bh, m0, d, scale)
-                stage(sm, U(DO_T), dout, bh, m0, d, float32(1.0))
+                stage(sm, U(Q_T), q, bh, m0, U(0), d, scale)
+                stage(sm, U(DO_T), dout, bh, m0, U(0), d, float32(1.0))
             while m0 < nq:
                 if not PREFETCH:
-                    stage(sm, U(Q_T), q, bh, m0, d, scale)
-                    stage(sm, U(DO_T), dout, bh, m0, d, float32(1.0))
+                    stage(sm, U(Q_T), q, bh, m0, U(0), d, scale)
+                    stage(sm, U(DO_T), dout, bh, m0, U(0), d, float32(1.0))
                 i0, i1 = m0 + row, m0 + row + U(8)
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 fence_proxy_async()
@@ -449,8 +458,8 @@ def make_lean_kernel(causal, paired_steps=False):
         dq_acc = cuda.local.array(REGS, float32)     # dQ^T of this block (rows: head dim)
         clear(dk_acc)
         clear(dv_acc)
-        stage(sm, U(K_T), k, kvh, n0, d, float32(1.0))
-        stage(sm, U(V_T), v, kvh, n0, d, float32(1.0))
+        stage(sm, U(K_T), k, kvh, n0, U(0), d, float32(1.0))
+        stage(sm, U(V_T), v, kvh, n0, U(0), d, float32(1.0))
         m_start = U(0)
         if causal and n0 + nq > nk:
             m_start = (n0 + nq - nk) // uBM * uBM
@@ -552,8 +561,10 @@ def applies(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 
 
 def default_blocks_or_fallback(head_dim, dtype):
-    """(64, 64) where `applies`, else the fa2-atomic backward's default tiles."""
-    if applies(head_dim, dtype):
+    """(64, 64) where `applies` or backward_wgmma_wide.applies, else the fa2-atomic backward's
+    default tiles."""
+    from . import backward_wgmma_wide
+    if applies(head_dim, dtype) or backward_wgmma_wide.applies(head_dim, dtype):
         return BLOCK, BLOCK
     return backward_fa2.default_blocks_atomic(head_dim, dtype)
 
@@ -562,12 +573,18 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
                     block_m, block_n):
     """The registered "wgmma" backward: the lean kernel with paired steps (run_backward(lean=True,
     paired_steps=True): 1.05-1.10x lean's steps one per wait, H200 2026-12-01) where
-    `applies` (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator), the fa2-atomic
-    backward (mma.sync tensor cores in float32) everywhere else, e.g. d > 64, float64, other
-    tiles or another GPU. Either way dQ comes from atomics (not bitwise reproducible)."""
+    `applies` (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator), the two-
+    warpgroup kernel of backward_wgmma_wide where 64 < d <= 128 (the same conditions
+    otherwise), the fa2-atomic backward (mma.sync tensor cores in float32) everywhere else,
+    e.g. d > 128, float64, other tiles or another GPU. Either way dQ comes from atomics (not
+    bitwise reproducible)."""
+    from . import backward_wgmma_wide          # here: that module imports this one
     if applies(q.shape[2], q.dtype, block_m, block_n):
         run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale, heads=heads,
                      group=group, causal=causal, lean=True, paired_steps=True)
+    elif backward_wgmma_wide.applies(q.shape[2], q.dtype, block_m, block_n):
+        backward_wgmma_wide.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
+                                         heads=heads, group=group, causal=causal)
     else:
         backward_fa2.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                                   heads=heads, group=group, causal=causal, block_m=block_m,
@@ -582,21 +599,30 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible.
     lean: make_lean_kernel (two blocks per SM; the fastest measured) instead of
     make_dkdv_kernel(causal, paired, chained, prefetch); paired_steps: make_lean_kernel's."""
-    from .. import arrays
-    bh, nq, d = q.shape
-    bhk, nk, _ = k.shape
-    check(d, q.dtype, block_m, block_n)
-    D = arrays.empty_device((bh, nq), q.dtype)
-    pre, tpb = make_preprocess_kernel(d, q.dtype, clear=True)
-    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
+    check(q.shape[2], q.dtype, block_m, block_n)
     if lean:                                   # make_lean_kernel: its own choices
         kernel, tpb = make_lean_kernel(bool(causal), bool(paired_steps))
     else:
         kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained),
                                        bool(prefetch))
+    launch_with_preprocess(kernel, tpb, dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
+                           heads=heads, group=group)
+
+
+def launch_with_preprocess(kernel, threads, dout, q, k, v, lse, out, dq, dk, dv, *, scale,
+                           heads, group):
+    """The preprocess kernel (D = rowsum(dO * O), dq zeroed), then `kernel` (a dK/dV/dQ kernel
+    of this module's or backward_wgmma_wide's launch and arguments) on grid
+    (ceil(Nk / 64), B*Hk) with `threads` threads."""
+    from .. import arrays
+    bh, nq, d = q.shape
+    bhk, nk, _ = k.shape
+    D = arrays.empty_device((bh, nq), q.dtype)
+    pre, tpb = make_preprocess_kernel(d, q.dtype, clear=True)
+    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
     with _simulator_switch_interval():
-        kernel[(ceil_div(nk, BLOCK), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq,
-                                                np.float32(scale), heads, group)
+        kernel[(ceil_div(nk, BLOCK), bhk), threads](q, k, v, dout, lse, D, dk, dv, dq,
+                                                    np.float32(scale), heads, group)
 
 
 @contextlib.contextmanager

@@ -152,7 +152,7 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
         k_next = cuda.local.array(NEXT, float32)         # prefetch: the next K/V tiles
         v_next = cuda.local.array(NEXT, float32)
         # scale Q, staged once as big and small parts; its A fragments are read from there
-        stage_k(sm, U(Q_T), q, bh, row0, d, scale)
+        stage_k(sm, U(Q_T), q, bh, row0, U(0), d, scale)
         q_at = U(Q_T) + warp * U(1024) + lane     # core_offset(row, t4, 64): see q_fragment
         for h in range(2):
             m[h] = float32(NEG_INF)
@@ -173,8 +173,8 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
                 put(sm, U(K_T), k_next)
                 put(sm, U(VT_T), v_next)
             else:
-                stage_k(sm, U(K_T), k, kv, n0, d, float32(1.0))
-                stage_vt(sm, U(VT_T), v, kv, n0, d, float32(1.0))
+                stage_k(sm, U(K_T), k, kv, n0, U(0), d, float32(1.0))
+                stage_vt(sm, U(VT_T), v, kv, n0, U(0), d, float32(1.0))
             fence_proxy_async()
             cuda.syncthreads()
             n1 = n0 + uBM

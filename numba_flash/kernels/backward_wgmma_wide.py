@@ -1,0 +1,225 @@
+"""Backward on Hopper warpgroup products (wgmma, sm_90a) for head dims 65..128: float32,
+64 x 64 tiles, two warpgroups (256 threads) per K/V block of 64 rows. The "wgmma" backward runs
+it where 64 < d <= 128 (backward_wgmma.run_or_fallback); the lean kernel of backward_wgmma.py
+covers d <= 64 with one warpgroup. Every product is 3xTF32 (wgmma.py), two steps per wait.
+
+Why two warpgroups. At d = 128 one warpgroup would hold dK^T and dV^T (128 x 64 each: 64
+registers per thread apiece) beside S and dP, more than 255 registers; and K and V alone, as
+big and small TF32 parts, are 128 KiB. So the head dim is cut in two halves of 64 and every
+tile is the lean kernel's 64 x 64: K and V are staged as four tiles (K's columns 0..63 and
+64..127, V's likewise), and warpgroup w (0 or 1) owns the head-dim rows 64 w.. of dK^T, dV^T
+and of this Q block's dQ^T (32 registers each).
+
+Per K/V block (rows j), over the query heads sharing its key head and their Q blocks (rows i):
+  1. warpgroup 0: S = (scale Q) K^T; warpgroup 1: dP = dO V^T (M = i, K = the whole head dim:
+     16 steps over the two column halves; A from global memory into registers, as in lean);
+  2. warpgroup 0: P = exp(S - lse_i), written as P^T (big, small) to shared memory; barrier;
+  3. warpgroup 1: P read back as big + small (the value dV's product sees; within 2^-22 of P),
+     dS = P (dP - D_i), written as dS^T and as dS (i-major);
+     both: dV^T[half w] += dO^T[half w] P (M = 64 head-dim rows, K = i, B = P^T); barrier;
+  4. both: dK^T[half w] += (scale Q)^T[half w] dS (B = dS^T), dQ^T[half w] = K^T[half w] dS^T
+     (A = the K tile of half w read transposed, B = dS), added into dq with atomics.
+Two barriers per Q block: P^T is rewritten (step 2 of the next block) only after the barrier
+that ends its last reads (step 3), and dS^T, dS (step 3 of the next block) only after the
+next block's first barrier, which every warpgroup reaches after its step 4.
+
+Shared memory: seven 64 x 64 tiles, each big and small (K's two halves, V's, P^T, dS^T, dS):
+224 KiB, one block (8 warps) per SM: two warps per scheduler, as lean's two blocks of 4.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from .backward_fa2 import _recompute_p
+from .backward_wgmma import (BLOCK, D_PAD, REGS, STEP_FLOATS, STEPS, TILE, add_in_turn, clear,
+                             make_global_fragment, make_stage, row_stats, store_dkdv,
+                             transposed_fragment)
+from .common import (DYNAMIC_SHARED_MEMORY_BYTES, SIMULATOR, U, DynamicSharedKernel,
+                     kernel_jit)
+from .fa2_tiles import ALIGN
+from .mma import split_tf32
+from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, products
+
+D_WIDE = 2 * D_PAD          # the head dim, zero-padded: two halves of 64
+THREADS = 2 * WARPGROUP
+HALF = 2 * TILE             # floats of one staged tile, big then small
+# float offsets: K's halves, V's halves, then P^T, dS^T (rows j, K-major over i), dS (rows i)
+K_T, V_T, PT_T, DST_T, DS_T = 0, 2 * HALF, 4 * HALF, 5 * HALF, 6 * HALF
+SCRATCH_AT = 7 * HALF       # the simulator's fragment exchange, one SCRATCH per warpgroup
+NBYTES = 4 * (7 * HALF + (2 * SCRATCH if SIMULATOR else 0))
+assert 7 * HALF * 4 <= DYNAMIC_SHARED_MEMORY_BYTES
+
+
+def applies(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
+    """True when this kernel can run a case here: float32, 64 < head dim <= 128, 64 x 64 tiles,
+    and an sm_90 GPU or the simulator (as backward_wgmma.applies)."""
+    if np.dtype(dtype) != np.float32 or not D_PAD < head_dim <= D_WIDE:
+        return False
+    if (block_m, block_n) != (BLOCK, BLOCK):
+        return False
+    return SIMULATOR or tuple(cuda.get_current_device().compute_capability) == (9, 0)
+
+
+def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
+    """ValueError unless float32, head dim 1..128 and 64 x 64 tiles (d <= 64 runs here too,
+    half the work on zeros: for tests; the registry sends it to the lean kernel)."""
+    if np.dtype(dtype) != np.float32:
+        raise ValueError(f"the wide wgmma backward is float32 only, got {np.dtype(dtype)}")
+    if not 1 <= head_dim <= D_WIDE:
+        raise ValueError(f"the wide wgmma backward needs head_dim <= {D_WIDE}, got {head_dim}")
+    if (block_m, block_n) != (BLOCK, BLOCK):
+        raise ValueError(f"the wide wgmma backward has 64 x 64 tiles only, got "
+                         f"block_m={block_m}, block_n={block_n}")
+
+
+@functools.lru_cache(maxsize=None)
+def make_wide_kernel(causal):
+    """The kernel: grid (ceil(Nk / 64), B*Hk), 256 threads, arguments (q, k, v, dout, lse, D,
+    dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, d <= 128, dq holding zeros
+    (dQ is added with atomics)."""
+    prod = products(BLOCK, D_PAD, D_PAD)
+    step2_regs = prod["step2_3xtf32_regs"]
+    recompute_p = _recompute_p(float32, causal)
+    fragment, fragment_t = make_global_fragment(False), make_global_fragment(True)
+    stage, _ = make_stage(False, per_warpgroup=True)
+    uBM = U(BLOCK)
+
+    @cuda.jit(device=True)
+    def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, rows, lane, scratch):
+        """acc += X^T W over 8 steps (two per wait), W the 64 x 64 tile at sm[w_at] (K-major
+        over i), X = mult src[head, row0:row0+64] from global memory, X^T's rows the head-dim
+        rows 16 rows.. of the thread's warp (rows = warp + 4 w: the warpgroup's half)."""
+        for s2 in range(STEPS // 2):
+            s = 2 * s2
+            a_big, a_small = fragment_t(src, head, row0, s, mult, d, rows, lane)
+            a2_big, a2_small = fragment_t(src, head, row0, s + 1, mult, d, rows, lane)
+            add_in_turn(acc, step2_regs(sm, a_big, a_small, w_at, w_at + U(TILE), a2_big,
+                                        a2_small, w_at + U(STEP_FLOATS),
+                                        w_at + U(TILE + STEP_FLOATS), s, scratch))
+
+    @kernel_jit(THREADS)
+    def dkdv_wgmma_wide(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        kvh = U(cuda.blockIdx.y)
+        tid = U(cuda.threadIdx.x)
+        wg = tid // U(WARPGROUP)                    # 0: S and P; 1: dP and dS
+        warp, lane = (tid // U(32)) % U(4), tid % U(32)
+        rows = warp + U(4) * wg                     # the warp's head-dim rows: 16 rows..
+        scratch = U(SCRATCH_AT) + wg * U(SCRATCH)
+        n0 = U(cuda.blockIdx.x) * uBM
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        acc = cuda.local.array(REGS, float32)        # S, then P (wg 0); dP, then dS (wg 1)
+        dk_acc = cuda.local.array(REGS, float32)     # dK^T, head-dim rows of half wg
+        dv_acc = cuda.local.array(REGS, float32)     # dV^T, the same rows
+        dq_acc = cuda.local.array(REGS, float32)     # dQ^T of this Q block, the same rows
+        clear(dk_acc)
+        clear(dv_acc)
+        # warpgroup 0 stages K's two column halves (S's B), warpgroup 1 V's (dP's B)
+        kv_src = k if wg == U(0) else v
+        b_at = U(K_T) + wg * U(2 * HALF)
+        stage(sm, b_at, kv_src, kvh, n0, U(0), d, float32(1.0))
+        stage(sm, b_at + U(HALF), kv_src, kvh, n0, U(D_PAD), d, float32(1.0))
+        a_src = q if wg == U(0) else dout            # S's A: scale Q; dP's: dO
+        a_mult = scale if wg == U(0) else float32(1.0)
+        m_start = U(0)
+        if causal and n0 + nq > nk:     # query i sees key j iff j + nq <= i + nk
+            m_start = (n0 + nq - nk) // uBM * uBM
+        kv_heads = heads // group
+        b_idx = U(cuda.blockIdx.y // kv_heads)
+        # the thread's accumulator entries (wgmma.position): rows row, row + 8, columns col_t,
+        # col_t + 1 of each 8-column group; P^T / dS^T at core_offset(col_t, row, 64) and dS
+        # at core_offset(row, col_t, 64) (the lean kernel's bases)
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        pt_base = (warp * U(4) + g4 // U(4)) * U(32) + t4 * U(8) + g4 % U(4)
+        ds_base = warp * U(1024) + (t4 // U(2)) * U(32) + g4 * U(4) + (t4 % U(2)) * U(2)
+        k_half = U(K_T) + wg * U(HALF)               # dQ^T's A: K^T of this half
+        fence_proxy_async()
+        cuda.syncthreads()
+        for g in range(group):
+            bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            m0 = m_start
+            while m0 < nq:
+                i0, i1 = m0 + row, m0 + row + U(8)
+                lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
+                # 1. S (wg 0) or dP (wg 1): 16 steps, 8 per column half, two per wait
+                clear(acc)
+                for s2 in range(STEPS):
+                    s = 2 * s2
+                    at = b_at + U(HALF) * U(s2 // (STEPS // 2))
+                    sl = s % STEPS
+                    a_big, a_small = fragment(a_src, bh, m0, s, a_mult, d, warp, lane)
+                    a2_big, a2_small = fragment(a_src, bh, m0, s + 1, a_mult, d, warp, lane)
+                    add_in_turn(acc, step2_regs(sm, a_big, a_small, at, at + U(TILE), a2_big,
+                                                a2_small, at + U(STEP_FLOATS),
+                                                at + U(TILE + STEP_FLOATS), sl, scratch))
+                # 2. P = exp(S - lse) and P^T into shared memory
+                if wg == U(0):
+                    for nt in range(REGS // 4):
+                        for e in range(4):
+                            j = 4 * nt + e
+                            hi, b = e // 2, e % 2
+                            il = row + U(8 * hi)
+                            jl = U(8 * nt + b) + col_t
+                            p = recompute_p(acc[j], lse1 if hi else lse0, m0 + il, n0 + jl,
+                                            nq, nk)
+                            off = pt_base + U(512 * nt + 64 * hi + 4 * b)
+                            pb, ps = split_tf32(p)
+                            sm[U(PT_T) + off] = pb
+                            sm[U(PT_T + TILE) + off] = ps
+                    fence_proxy_async()
+                cuda.syncthreads()
+                # 3. dS = P (dP - D) from P^T's parts (wg 1), then both: dV^T += dO^T P
+                if wg == U(1):
+                    for nt in range(REGS // 4):
+                        for e in range(4):
+                            j = 4 * nt + e
+                            hi, b = e // 2, e % 2
+                            off = pt_base + U(512 * nt + 64 * hi + 4 * b)
+                            p = sm[U(PT_T) + off] + sm[U(PT_T + TILE) + off]
+                            db, dsm = split_tf32(p * (acc[j] - (D1 if hi else D0)))
+                            sm[U(DST_T) + off] = db
+                            sm[U(DST_T + TILE) + off] = dsm
+                            off_ds = ds_base + U(512 * hi + 64 * nt + b)
+                            sm[U(DS_T) + off_ds] = db
+                            sm[U(DS_T + TILE) + off_ds] = dsm
+                    fence_proxy_async()
+                accumulate_w(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d, rows, lane,
+                             scratch)
+                cuda.syncthreads()
+                # 4. dK^T += (scale Q)^T dS and dQ^T = K^T dS^T, each over this half's rows
+                accumulate_w(sm, dk_acc, U(DST_T), q, bh, m0, scale, d, rows, lane, scratch)
+                clear(dq_acc)
+                for s2 in range(STEPS // 2):
+                    s = 2 * s2
+                    a_big, a_small = transposed_fragment(sm, k_half, s, warp, lane)
+                    a2_big, a2_small = transposed_fragment(sm, k_half, s + 1, warp, lane)
+                    add_in_turn(dq_acc, step2_regs(sm, a_big, a_small, U(DS_T),
+                                                   U(DS_T + TILE), a2_big, a2_small,
+                                                   U(DS_T + STEP_FLOATS),
+                                                   U(DS_T + TILE + STEP_FLOATS), s, scratch))
+                for nt in range(REGS // 4):
+                    for e in range(4):                 # dQ^T entry (head dim c, query i)
+                        c = U(16) * rows + g4 + U(8 * (e // 2))
+                        i = m0 + U(8 * nt + e % 2) + col_t
+                        if i < nq and c < d:
+                            cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
+                m0 += uBM
+
+        store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, rows, lane)
+
+    return DynamicSharedKernel(dkdv_wgmma_wide, NBYTES), THREADS
+
+
+def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
+                 block_m=BLOCK, block_n=BLOCK):
+    """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wide kernel on 3-D
+    float32 device arrays (backward.run_backward's contract); ValueError where `check` does
+    not allow the case. dQ comes from atomics: not bitwise reproducible."""
+    from .backward_wgmma import launch_with_preprocess
+    check(q.shape[2], q.dtype, block_m, block_n)
+    kernel, threads = make_wide_kernel(bool(causal))
+    launch_with_preprocess(kernel, threads, dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
+                           heads=heads, group=group)
