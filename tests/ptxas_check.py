@@ -27,7 +27,8 @@ class _Hopper:
 
 dispatcher.get_current_device = lambda: _Hopper()
 
-from numba_flash.kernels import backward_wgmma, backward_wgmma_wide, forward_wgmma  # noqa: E402
+from numba_flash.kernels import (backward_wgmma, backward_wgmma_wide, forward_wgmma,  # noqa: E402
+                                 forward_wgmma_wide)
 
 A3, A2 = types.Array(float32, 3, "C"), types.Array(float32, 2, "C")
 FORWARD_ARGS = (A3, A3, A3, A3, A2, float32, int64, int64)
@@ -40,6 +41,9 @@ def kernels():
                  dict(prefetch=True)):
         kernel, _ = forward_wgmma.make_wgmma_kernel(**{"causal": False, **opts})
         yield f"forward_wgmma {opts}", kernel.kernel.py_func, FORWARD_ARGS
+    for causal in (False, True):
+        kernel, _ = forward_wgmma_wide.make_wide_kernel(causal)
+        yield f"wide forward causal={causal}", kernel.kernel.py_func, FORWARD_ARGS
     for paired_steps in (False, True):
         kernel, _ = backward_wgmma.make_lean_kernel(False, paired_steps)
         yield (f"lean backward paired_steps={paired_steps}", kernel.kernel.py_func,

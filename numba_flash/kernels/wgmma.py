@@ -135,6 +135,11 @@ else:
 
 if SIMULATOR:
     @device_function
+    def opaque_zero():
+        """0 (on a GPU: a 0 the compiler cannot see through; see there)."""
+        return np.uint32(0)
+
+    @device_function
     def fence_proxy_async():
         """Nothing to fence on the simulator (its products read the shared array directly)."""
         pass
@@ -153,6 +158,18 @@ else:
     def shared_address(typingctx, arr):
         """The shared-window byte address (u32) of a shared array's first element."""
         return types.uint32(arr), _shared_address_codegen
+
+    @intrinsic
+    def opaque_zero(typingctx):
+        """A uint32 0 from an asm block with side effects: the compiler can neither fold it nor
+        move it out of a loop, so an address offset by it is loaded where it is written. For
+        loop-invariant global loads LLVM would otherwise hoist out of a loop into registers
+        (forward_wgmma_wide: Q's fragments for every step, 128 registers, spilled)."""
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), []), "mov.u32 $0, 0;", "=r",
+                               side_effect=True)
+            return builder.call(asm, [])
+        return types.uint32(), codegen
 
     @intrinsic
     def fence_proxy_async(typingctx):

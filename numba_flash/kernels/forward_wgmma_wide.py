@@ -1,0 +1,235 @@
+"""Forward on Hopper warpgroup products (wgmma, sm_90a) for head dims 65..128: float32, two
+warpgroups (256 threads) per block of 128 query rows, each warpgroup its own 64 rows against the
+block's shared K and V tiles of 64 keys. The "wgmma" forward runs it where 64 < d <= 128
+(forward_wgmma.make_forward_kernel); both products are 3xTF32, two steps per wait.
+
+S is formed exactly as backward_wgmma_wide forms it, so that the "wgmma" backward recomputes P
+bit for bit (the reason forward_wgmma gives): A = scale Q as register fragments read from global
+memory and split by the same function (backward_wgmma.make_global_fragment), B = K staged as
+its two 64-column halves by the same `stage`, the same 16 steps from zero, two per wait,
+added in step order.
+
+Per warpgroup (rows i), over K/V blocks (rows j), the online softmax of forward_wgmma:
+  S = (scale Q) K^T,  m_new = max(m, rowmax S),  P = exp(S - m_new),
+  l = l exp(m - m_new) + rowsum P,  O = O exp(m - m_new) + P V,
+with O as two 64 x 64 halves (O's head-dim columns 0..63 and 64..127; 32 registers each) and
+P V as two m64n64 products per step in one wait, A = P straight from S's accumulator registers
+(forward_wgmma's permuted V^T), B = V^T's two halves. Q is not staged: K and V^T, big and small
+parts, fill 128 KiB; Q's 64 KiB per warpgroup would not fit, and its 32 KiB of float32 rows
+per warpgroup are re-read from L1 / L2 per K/V block.
+
+Shared memory: 128 KiB, one block (8 warps) per SM.
+"""
+
+import functools
+import math
+
+import numpy as np
+from numba import cuda, float32
+
+from .backward_wgmma import (BLOCK, D_PAD, REGS, STEP_FLOATS, STEPS, TILE, add, add2, add_in_turn,
+                             clear, make_global_fragment, make_stage, simulator_launch)
+from .backward_wgmma_wide import D_WIDE, HALF, THREADS
+from .common import (NEG_INF, SIMULATOR, U, DynamicSharedKernel, inlined_device_function,
+                     kernel_jit, kv_head)
+from .fa2_tiles import ALIGN
+from .forward_wgmma import STAGE_LOADS
+from .mma import split_tf32
+from .wgmma import (SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products, quad_max,
+                    quad_sum)
+
+BLOCK_M = 2 * BLOCK          # query rows per block: 64 per warpgroup
+# float offsets: K's two column halves, then V^T's (rows: the head dim), each big then small
+K_T, VT_T = 0, 2 * HALF
+SCRATCH_AT = 4 * HALF        # the simulator's exchanges, one SCRATCH per warpgroup
+NBYTES = 4 * (4 * HALF + (2 * SCRATCH if SIMULATOR else 0))
+
+
+def applies(head_dim, dtype, block_m=BLOCK_M, block_n=BLOCK):
+    """True when this kernel can run a case here: float32, 64 < head dim <= 128, 128 x 64
+    tiles, and an sm_90 GPU or the simulator."""
+    if np.dtype(dtype) != np.float32 or not D_PAD < head_dim <= D_WIDE:
+        return False
+    if (block_m, block_n) != (BLOCK_M, BLOCK):
+        return False
+    return SIMULATOR or tuple(cuda.get_current_device().compute_capability) == (9, 0)
+
+
+@functools.lru_cache(maxsize=None)
+def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False):
+    """The kernel: grid (ceil(Nq / 128), B*H), 256 threads, arguments (q, k, v, out, lse,
+    scale, heads, group) on (B*H, N, d) float32 device arrays, d <= 128. loads: global loads
+    in flight per thread while staging K and V^T. s_paired / pv_paired: two steps of S, or
+    P V's two halves, per tensor-core wait (the same sums either way; S stays bitwise the
+    backward's, whose steps are paired). Off by default: ptxas (sm_90a, CUDA 13.0,
+    tests/ptxas_check.py) gives 208 registers (causal 205) with neither, and 255 registers
+    with spills (8 to 580 bytes) with either one."""
+    stage_k, _ = make_stage(False, loads=loads, per_warpgroup=True)
+    stage_vt, _ = make_stage(True, permuted=True, loads=loads, per_warpgroup=True)
+    prod = products(BLOCK, D_PAD, D_PAD)
+    step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
+    fragment = make_global_fragment(False)
+    PV_PAIRED, S_PAIRED = pv_paired, s_paired
+    uBN = U(BLOCK)
+
+    @inlined_device_function
+    def s_steps(sm, s_acc, q, bh, row0, scale, d, warp, lane, s2, scratch):
+        """s_acc += steps 2 s2 and 2 s2 + 1 of (scale Q) K^T, in one wait."""
+        s = 2 * s2
+        b_at = U(K_T + HALF * (s2 // (STEPS // 2)))
+        a_big, a_small = fragment(q, bh, row0, s, scale, d, warp, lane)
+        a2_big, a2_small = fragment(q, bh, row0, s + 1, scale, d, warp, lane)
+        if S_PAIRED:
+            add_in_turn(s_acc, step2_regs(sm, a_big, a_small, b_at, b_at + U(TILE), a2_big,
+                                          a2_small, b_at + U(STEP_FLOATS),
+                                          b_at + U(TILE + STEP_FLOATS), s % STEPS, scratch))
+        else:       # the same sums: each step from zero, added in step order
+            add(s_acc, step_regs(sm, a_big, a_small, b_at, b_at + U(TILE), s % STEPS,
+                                 scratch))
+            add(s_acc, step_regs(sm, a2_big, a2_small, b_at, b_at + U(TILE), s % STEPS + 1,
+                                 scratch))
+
+    @inlined_device_function
+    def pv_step(sm, o0, o1, p, s, scratch):
+        """O += step s of P V, both halves of O in one wait; P's C-fragment entries 4s, 4s + 2,
+        4s + 1, 4s + 3 are the A fragment against the permuted V^T (forward_wgmma)."""
+        b0, s0 = split_tf32(p[4 * s])
+        b1, s1 = split_tf32(p[4 * s + 2])
+        b2, s2 = split_tf32(p[4 * s + 1])
+        b3, s3 = split_tf32(p[4 * s + 3])
+        a_big, a_small = (b0, b1, b2, b3), (s0, s1, s2, s3)
+        if PV_PAIRED:
+            add2(o0, o1, step2_regs(sm, a_big, a_small, U(VT_T), U(VT_T + TILE), a_big,
+                                    a_small, U(VT_T + HALF), U(VT_T + HALF + TILE), s, scratch))
+        else:
+            add(o0, step_regs(sm, a_big, a_small, U(VT_T), U(VT_T + TILE), s, scratch))
+            add(o1, step_regs(sm, a_big, a_small, U(VT_T + HALF), U(VT_T + HALF + TILE), s,
+                              scratch))
+
+    @kernel_jit(THREADS)
+    def forward_wgmma_wide(q, k, v, out, lse, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        bh = U(cuda.blockIdx.y)
+        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        tid = U(cuda.threadIdx.x)
+        wg = tid // U(WARPGROUP)
+        warp, lane = (tid // U(32)) % U(4), tid % U(32)
+        scratch = U(SCRATCH_AT) + wg * U(SCRATCH)
+        block0 = U(cuda.blockIdx.x) * U(BLOCK_M)
+        row0 = block0 + wg * U(BLOCK)               # this warpgroup's 64 query rows
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        i0, i1 = row0 + row, row0 + row + U(8)
+        s_acc = cuda.local.array(REGS, float32)          # S, then P
+        o0 = cuda.local.array(REGS, float32)             # O's head-dim columns 0..63
+        o1 = cuda.local.array(REGS, float32)             # and 64..127, unnormalized
+        m = cuda.local.array(2, float32)                 # running row max of rows i0, i1
+        l = cuda.local.array(2, float32)                 # this thread's share of the row sums
+        m_safe = cuda.local.array(2, float32)            # m, or 0 while a row has seen no key
+        alpha = cuda.local.array(2, float32)             # exp(m_old - m_new)
+        for h in range(2):
+            m[h] = float32(NEG_INF)
+            l[h] = float32(0.0)
+        clear(o0)
+        clear(o1)
+        # warpgroup 0 stages K's two halves, warpgroup 1 V^T's
+        kv_src = k if wg == U(0) else v
+        at = U(K_T) + wg * U(2 * HALF)
+
+        n_end = nk
+        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
+            last = block0 + U(BLOCK_M) + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        while n0 < n_end:
+            cuda.syncthreads()                      # every warp is done with the last tiles
+            if wg == U(0):
+                stage_k(sm, at, kv_src, kv, n0, U(0), d, float32(1.0))
+                stage_k(sm, at + U(HALF), kv_src, kv, n0, U(D_PAD), d, float32(1.0))
+            else:
+                stage_vt(sm, at, kv_src, kv, n0, U(0), d, float32(1.0))
+                stage_vt(sm, at + U(HALF), kv_src, kv, n0, U(D_PAD), d, float32(1.0))
+            fence_proxy_async()
+            cuda.syncthreads()
+
+            # S = (scale Q) K^T: backward_wgmma_wide's steps (module docstring)
+            clear(s_acc)
+            # Q's rows re-read from L1 / L2 here: without opaque_zero LLVM hoists all 64 loads
+            # out of the loop and ptxas spills (255 registers, 208-296 bytes of stack)
+            q_row0 = row0 + opaque_zero()
+            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 0, scratch)
+            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 1, scratch)
+            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 2, scratch)
+            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, scratch)
+            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 4, scratch)
+            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 5, scratch)
+            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 6, scratch)
+            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 7, scratch)
+
+            # mask, then the row max of this tile: the thread's 16 entries, then its quad's
+            mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
+            for nt in range(REGS // 4):
+                for e in range(4):
+                    j = 4 * nt + e
+                    key = n0 + U(8 * nt + e % 2) + col_t
+                    i = i1 if e // 2 else i0
+                    x = s_acc[j]
+                    if key >= nk or (causal and key + nq > i + nk):
+                        x = float32(NEG_INF)
+                    s_acc[j] = x
+                    if e // 2:
+                        mx1 = max(mx1, x)
+                    else:
+                        mx0 = max(mx0, x)
+            mx0 = quad_max(sm, scratch, mx0)
+            mx1 = quad_max(sm, scratch, mx1)
+            for h in range(2):
+                m_new = max(m[h], mx1 if h else mx0)
+                # guard: a row that has seen no key yet keeps m = -inf, P = 0, O = 0
+                m_safe[h] = m_new if m_new != float32(NEG_INF) else float32(0.0)
+                alpha[h] = math.exp(m[h] - m_safe[h])
+                m[h] = m_new
+                l[h] *= alpha[h]
+            for j in range(REGS):
+                h = (j % 4) // 2
+                p = math.exp(s_acc[j] - m_safe[h])
+                s_acc[j] = p
+                l[h] += p
+                o0[j] *= alpha[h]
+                o1[j] *= alpha[h]
+
+            # O += P V, written out with constant steps (forward_wgmma: a loop holding a wgmma
+            # is not unrolled, and P, indexed by the step, would live in local memory)
+            pv_step(sm, o0, o1, s_acc, 0, scratch)
+            pv_step(sm, o0, o1, s_acc, 1, scratch)
+            pv_step(sm, o0, o1, s_acc, 2, scratch)
+            pv_step(sm, o0, o1, s_acc, 3, scratch)
+            pv_step(sm, o0, o1, s_acc, 4, scratch)
+            pv_step(sm, o0, o1, s_acc, 5, scratch)
+            pv_step(sm, o0, o1, s_acc, 6, scratch)
+            pv_step(sm, o0, o1, s_acc, 7, scratch)
+            n0 += uBN
+
+        # O / l and lse = m + log l; l >= 1 wherever m is finite (the max entry gives exp 0)
+        l0 = quad_sum(sm, scratch, l[0])
+        l1 = quad_sum(sm, scratch, l[1])
+        inv0 = float32(1.0) / l0 if l0 > float32(0.0) else float32(0.0)
+        inv1 = float32(1.0) / l1 if l1 > float32(0.0) else float32(0.0)
+        for j in range(REGS):
+            h = (j % 4) // 2
+            i = i1 if h else i0
+            c = U(8 * (j // 4) + j % 2) + col_t
+            if i < nq:
+                inv = inv1 if h else inv0
+                if c < d:
+                    out[bh, i, c] = o0[j] * inv
+                if c + U(D_PAD) < d:
+                    out[bh, i, c + U(D_PAD)] = o1[j] * inv
+        if t4 == U(0):
+            if i0 < nq:
+                lse[bh, i0] = m[0] + math.log(l0) if l0 > float32(0.0) else float32(NEG_INF)
+            if i1 < nq:
+                lse[bh, i1] = m[1] + math.log(l1) if l1 > float32(0.0) else float32(NEG_INF)
+
+    return simulator_launch(DynamicSharedKernel(forward_wgmma_wide, NBYTES)), THREADS
