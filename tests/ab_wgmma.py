@@ -35,7 +35,9 @@ OPTIONS = {"fa2-wgmma, steps": dict(chained=False),
            "fa2-wgmma, prefetch": dict(prefetch=True),
            "fa2-wgmma, prefetch, unpaired": dict(prefetch=True, paired=False),
            "fa2-wgmma, lean": dict(lean=True),
-           "fa2-wgmma, lean, paired steps": dict(lean=True, paired_steps=True)}
+           "fa2-wgmma, lean, paired steps": dict(lean=True, paired_steps=True),
+           "fa2-wgmma, lean, paired steps, ahead": dict(lean=True, paired_steps=True,
+                                                        ahead=True)}
 for name, options in OPTIONS.items():
     register_backward(name, functools.partial(backward_wgmma.run_backward, **options),
                       backward_wgmma.default_blocks)
@@ -43,6 +45,9 @@ VARIANTS = (NAME, *OPTIONS)
 # the two-warpgroup kernel for 64 < d <= 128 (time --d 128 "fa2-wgmma, wide")
 WIDE = "fa2-wgmma, wide"
 register_backward(WIDE, backward_wgmma_wide.run_backward, backward_wgmma.default_blocks)
+register_backward(WIDE + ", ahead", functools.partial(backward_wgmma_wide.run_backward,
+                                                      ahead=True),
+                  backward_wgmma.default_blocks)
 
 # partial tiles, several Q blocks and K/V blocks, GQA, causal with masked rows, d < 64
 CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
@@ -50,12 +55,18 @@ CASES = (Case("odd", 1, 2, 1, 37, 45, 59, causal=True),
          Case("one row", 1, 1, 1, 1, 33, 64),
          Case("several tiles", 1, 2, 1, 150, 300, 64),
          Case("several tiles, causal", 1, 3, 3, 200, 130, 32, causal=True),
-         Case("logits x1e3", 1, 2, 2, 256, 256, 64, logit_scale=1e3))
+         Case("logits x1e3", 1, 2, 2, 256, 256, 64, logit_scale=1e3),
+         # for the wide kernels only (d > 64)
+         Case("one row, d = 128", 1, 1, 1, 1, 33, 128),
+         Case("several tiles, causal, GQA, d = 111", 1, 4, 2, 200, 130, 111, causal=True),
+         Case("logits x1e3, d = 128", 1, 2, 2, 256, 256, 128, logit_scale=1e3))
 
 
 def check(kernels=VARIANTS):
     bad = 0
     for case, name in ((c, n) for c in CASES for n in kernels):
+        if case.d > 64 and WIDE not in name:
+            continue
         q, k, v, dout = case.inputs(np.float32)
         out, lse = flash_attention_forward(q, k, v, causal=case.causal)
         grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,

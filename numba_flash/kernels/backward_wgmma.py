@@ -383,7 +383,9 @@ LEAN_SCRATCH_AT = 6 * TILE
 LEAN_NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
 
 
-def make_global_fragment(transposed):
+def make_global_fragment(transposed, split=True):
+    """global_fragment (below); split=False: its four elements as loaded (times mult), to be
+    split later by split_fragment (backward_wgmma_wide loads a step ahead of its use)."""
     @device_function
     def element(src, head, row0, r, c, mult, n, d):
         if transposed:                         # X^T[r, c] = src[row0 + c, r]
@@ -406,19 +408,43 @@ def make_global_fragment(transposed):
         b2, s2 = split_tf32(element(src, head, row0, r, c + U(4), mult, n, d))
         b3, s3 = split_tf32(element(src, head, row0, r + U(8), c + U(4), mult, n, d))
         return (b0, b1, b2, b3), (s0, s1, s2, s3)
-    return global_fragment
+
+    @device_function
+    def global_elements(src, head, row0, s, mult, d, warp, lane):
+        n = U(src.shape[1])
+        r = warp * U(16) + lane // U(4)
+        c = U(STEP * s) + lane % U(4)
+        return (element(src, head, row0, r, c, mult, n, d),
+                element(src, head, row0, r + U(8), c, mult, n, d),
+                element(src, head, row0, r, c + U(4), mult, n, d),
+                element(src, head, row0, r + U(8), c + U(4), mult, n, d))
+    return global_fragment if split else global_elements
+
+
+@device_function
+def split_fragment(x):
+    """(big, small) of a fragment's four elements: what global_fragment returns."""
+    b0, s0 = split_tf32(x[0])
+    b1, s1 = split_tf32(x[1])
+    b2, s2 = split_tf32(x[2])
+    b3, s3 = split_tf32(x[3])
+    return (b0, b1, b2, b3), (s0, s1, s2, s3)
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_kernel(causal, paired_steps=False):
+def make_lean_kernel(causal, paired_steps=False, ahead=False):
     """make_dkdv_kernel's kernel with 96 KiB of shared memory (two blocks per SM): K and V staged,
     every A operand read from global memory (Q, dO and their transposes) or from the K tile (K^T)
     into registers, and one 64 x 64 tile that holds P^T for dV^T += dO^T P, then dS^T for
     dK^T += Q^T dS, then dS for dQ^T = K^T dS^T (M = d; dQ added with atomics). Five barriers
     per Q block instead of three; steps from zero, S and dP paired. Same launch and arguments.
     paired_steps: dV^T, dK^T and dQ^T two steps per tensor-core wait (each from zero, added in
-    step order: the same sums)."""
-    PAIRED_STEPS = paired_steps
+    step order: the same sums). ahead (with paired_steps): the A fragments from global memory
+    loaded a step (S, dP) or a pair of steps (dV^T, dK^T) before their product, as
+    backward_wgmma_wide's ahead (the same values)."""
+    PAIRED_STEPS, AHEAD = paired_steps, ahead and paired_steps
+    elements, elements_t = (make_global_fragment(False, split=False),
+                            make_global_fragment(True, split=False))
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
     recompute_p = _recompute_p(float32, causal)
@@ -428,11 +454,20 @@ def make_lean_kernel(causal, paired_steps=False):
     @cuda.jit(device=True)
     def accumulate_w(sm, acc, src, head, row0, mult, d, warp, lane):
         """acc += X^T W over 8 steps, X = mult src[head, row0:row0+64] from global memory."""
+        if AHEAD:
+            x = elements_t(src, head, row0, 0, mult, d, warp, lane)
+            x2 = elements_t(src, head, row0, 1, mult, d, warp, lane)
         if PAIRED_STEPS:
             for s2 in range(STEPS // 2):
                 s = 2 * s2
-                a_big, a_small = fragment_t(src, head, row0, s, mult, d, warp, lane)
-                a2_big, a2_small = fragment_t(src, head, row0, s + 1, mult, d, warp, lane)
+                if AHEAD:   # (past the last pair: the next Q block's rows; loaded, not used)
+                    a_big, a_small = split_fragment(x)
+                    a2_big, a2_small = split_fragment(x2)
+                    x = elements_t(src, head, row0, s + 2, mult, d, warp, lane)
+                    x2 = elements_t(src, head, row0, s + 3, mult, d, warp, lane)
+                else:
+                    a_big, a_small = fragment_t(src, head, row0, s, mult, d, warp, lane)
+                    a2_big, a2_small = fragment_t(src, head, row0, s + 1, mult, d, warp, lane)
                 add_in_turn(acc, step2_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), a2_big,
                                             a2_small, U(W_T + STEP_FLOATS),
                                             U(W_T + TILE + STEP_FLOATS), s,
@@ -480,9 +515,19 @@ def make_lean_kernel(causal, paired_steps=False):
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 clear(s_acc)
                 clear(dp_acc)
+                if AHEAD:
+                    xq = elements(q, bh, m0, 0, scale, d, warp, lane)
+                    xdo = elements(dout, bh, m0, 0, float32(1.0), d, warp, lane)
                 for s in range(STEPS):
-                    q_big, q_small = fragment(q, bh, m0, s, scale, d, warp, lane)
-                    do_big, do_small = fragment(dout, bh, m0, s, float32(1.0), d, warp, lane)
+                    if AHEAD:   # (past the last step: zeros, columns >= d; nothing loaded)
+                        q_big, q_small = split_fragment(xq)
+                        do_big, do_small = split_fragment(xdo)
+                        xq = elements(q, bh, m0, s + 1, scale, d, warp, lane)
+                        xdo = elements(dout, bh, m0, s + 1, float32(1.0), d, warp, lane)
+                    else:
+                        q_big, q_small = fragment(q, bh, m0, s, scale, d, warp, lane)
+                        do_big, do_small = fragment(dout, bh, m0, s, float32(1.0), d, warp,
+                                                    lane)
                     add2(s_acc, dp_acc, step2_regs(sm, q_big, q_small, U(K_T), U(K_T + TILE),
                                                    do_big, do_small, U(V_T), U(V_T + TILE), s,
                                                    U(LEAN_SCRATCH_AT)))
@@ -593,15 +638,16 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m=BLOCK, block_n=BLOCK, paired=True, chained=True, prefetch=False,
-                 lean=False, paired_steps=False):
+                 lean=False, paired_steps=False, ahead=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
     kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible.
     lean: make_lean_kernel (two blocks per SM; the fastest measured) instead of
-    make_dkdv_kernel(causal, paired, chained, prefetch); paired_steps: make_lean_kernel's."""
+    make_dkdv_kernel(causal, paired, chained, prefetch); paired_steps, ahead: make_lean_kernel's.
+    """
     check(q.shape[2], q.dtype, block_m, block_n)
     if lean:                                   # make_lean_kernel: its own choices
-        kernel, tpb = make_lean_kernel(bool(causal), bool(paired_steps))
+        kernel, tpb = make_lean_kernel(bool(causal), bool(paired_steps), bool(ahead))
     else:
         kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained),
                                        bool(prefetch))

@@ -34,8 +34,8 @@ from numba import cuda, float32
 
 from .backward_fa2 import _recompute_p
 from .backward_wgmma import (BLOCK, D_PAD, REGS, STEP_FLOATS, STEPS, TILE, add_in_turn, clear,
-                             make_global_fragment, make_stage, row_stats, store_dkdv,
-                             transposed_fragment)
+                             make_global_fragment, make_stage, row_stats, split_fragment,
+                             store_dkdv, transposed_fragment)
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, SIMULATOR, U, DynamicSharedKernel,
                      kernel_jit)
 from .fa2_tiles import ALIGN
@@ -75,14 +75,19 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 
 
 @functools.lru_cache(maxsize=None)
-def make_wide_kernel(causal):
+def make_wide_kernel(causal, ahead=False):
     """The kernel: grid (ceil(Nk / 64), B*Hk), 256 threads, arguments (q, k, v, dout, lse, D,
     dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, d <= 128, dq holding zeros
-    (dQ is added with atomics)."""
+    (dQ is added with atomics). ahead: the A fragments from global memory (S, dP, dV^T, dK^T)
+    loaded one pair of steps ahead, so that their latency overlaps the tensor core's (8 more
+    registers live; the same values and sums)."""
+    AHEAD = ahead
     prod = products(BLOCK, D_PAD, D_PAD)
     step2_regs = prod["step2_3xtf32_regs"]
     recompute_p = _recompute_p(float32, causal)
     fragment, fragment_t = make_global_fragment(False), make_global_fragment(True)
+    elements, elements_t = (make_global_fragment(False, split=False),
+                            make_global_fragment(True, split=False))
     stage, _ = make_stage(False, per_warpgroup=True)
     uBM = U(BLOCK)
 
@@ -91,10 +96,21 @@ def make_wide_kernel(causal):
         """acc += X^T W over 8 steps (two per wait), W the 64 x 64 tile at sm[w_at] (K-major
         over i), X = mult src[head, row0:row0+64] from global memory, X^T's rows the head-dim
         rows 16 rows.. of the thread's warp (rows = warp + 4 w: the warpgroup's half)."""
+        if AHEAD:
+            x = elements_t(src, head, row0, 0, mult, d, rows, lane)
+            x2 = elements_t(src, head, row0, 1, mult, d, rows, lane)
         for s2 in range(STEPS // 2):
             s = 2 * s2
-            a_big, a_small = fragment_t(src, head, row0, s, mult, d, rows, lane)
-            a2_big, a2_small = fragment_t(src, head, row0, s + 1, mult, d, rows, lane)
+            # AHEAD: this pair's elements, loaded last iteration, and the next pair's now (after
+            # the last pair: the next Q block's rows, or zeros past Nq; loaded, not used)
+            if AHEAD:
+                a_big, a_small = split_fragment(x)
+                a2_big, a2_small = split_fragment(x2)
+                x = elements_t(src, head, row0, s + 2, mult, d, rows, lane)
+                x2 = elements_t(src, head, row0, s + 3, mult, d, rows, lane)
+            else:
+                a_big, a_small = fragment_t(src, head, row0, s, mult, d, rows, lane)
+                a2_big, a2_small = fragment_t(src, head, row0, s + 1, mult, d, rows, lane)
             add_in_turn(acc, step2_regs(sm, a_big, a_small, w_at, w_at + U(TILE), a2_big,
                                         a2_small, w_at + U(STEP_FLOATS),
                                         w_at + U(TILE + STEP_FLOATS), s, scratch))
@@ -146,12 +162,22 @@ def make_wide_kernel(causal):
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 # 1. S (wg 0) or dP (wg 1): 16 steps, 8 per column half, two per wait
                 clear(acc)
+                if AHEAD:
+                    x = elements(a_src, bh, m0, 0, a_mult, d, warp, lane)
+                    x2 = elements(a_src, bh, m0, 1, a_mult, d, warp, lane)
                 for s2 in range(STEPS):
                     s = 2 * s2
                     at = b_at + U(HALF) * U(s2 // (STEPS // 2))
                     sl = s % STEPS
-                    a_big, a_small = fragment(a_src, bh, m0, s, a_mult, d, warp, lane)
-                    a2_big, a2_small = fragment(a_src, bh, m0, s + 1, a_mult, d, warp, lane)
+                    if AHEAD:   # past the last step: zeros (columns >= d), nothing loaded
+                        a_big, a_small = split_fragment(x)
+                        a2_big, a2_small = split_fragment(x2)
+                        x = elements(a_src, bh, m0, s + 2, a_mult, d, warp, lane)
+                        x2 = elements(a_src, bh, m0, s + 3, a_mult, d, warp, lane)
+                    else:
+                        a_big, a_small = fragment(a_src, bh, m0, s, a_mult, d, warp, lane)
+                        a2_big, a2_small = fragment(a_src, bh, m0, s + 1, a_mult, d, warp,
+                                                    lane)
                     add_in_turn(acc, step2_regs(sm, a_big, a_small, at, at + U(TILE), a2_big,
                                                 a2_small, at + U(STEP_FLOATS),
                                                 at + U(TILE + STEP_FLOATS), sl, scratch))
@@ -214,12 +240,13 @@ def make_wide_kernel(causal):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m=BLOCK, block_n=BLOCK):
+                 block_m=BLOCK, block_n=BLOCK, ahead=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wide kernel on 3-D
     float32 device arrays (backward.run_backward's contract); ValueError where `check` does
-    not allow the case. dQ comes from atomics: not bitwise reproducible."""
+    not allow the case. dQ comes from atomics: not bitwise reproducible. ahead:
+    make_wide_kernel's."""
     from .backward_wgmma import launch_with_preprocess
     check(q.shape[2], q.dtype, block_m, block_n)
-    kernel, threads = make_wide_kernel(bool(causal))
+    kernel, threads = make_wide_kernel(bool(causal), bool(ahead))
     launch_with_preprocess(kernel, threads, dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                            heads=heads, group=group)
