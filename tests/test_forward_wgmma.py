@@ -107,7 +107,8 @@ def test_wgmma_backward_recomputes_p_exactly_after_the_wgmma_forward(case):
     H200 for GPU_CASES' case (2026-11-30 / 12-01): the lean backward's dv erred 5.6 after fa2's
     forward and 8.3e-07 after the wgmma forward (fa2-atomic after fa2: 8.3e-07), allowance 193.
     On the simulator the products are the NumPy model in both passes, so the same holds there.
-    (The GPU side of this test was written after the session's last GPU run: not yet run.)"""
+    Both cases passed on the H200 (2026-12-01, 23:30 and 23:53 UTC), the d = 128 one with the
+    wide pair (forward_wgmma_wide, backward_wgmma_wide)."""
     paired = recomputed_dv_error("wgmma", case)
     assert paired.max_err < 1e-4 * paired.allowed, paired
     unpaired = recomputed_dv_error("fa2", case)        # the control: S formed another way

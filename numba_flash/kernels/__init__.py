@@ -44,8 +44,9 @@ register_forward("rowwise", forward_rowwise.make_forward_kernel, forward_rowwise
 register_forward("tiled", forward_tiled.make_forward_kernel, forward_tiled.default_blocks)
 register_forward("fa2", forward_fa2.make_forward_kernel, forward_fa2.default_blocks)
 
-# Hopper warpgroup products (forward_wgmma, 3xTF32 on wgmma) where they apply (float32, d <= 64,
-# an sm_90 GPU or the simulator), fa2 elsewhere; its S is the "wgmma" backward's bit for bit
+# Hopper warpgroup products (forward_wgmma, 3xTF32 on wgmma) where they apply (float32, d <= 64;
+# forward_wgmma_wide for 64 < d <= 128; an sm_90 GPU or the simulator), fa2 elsewhere; its S
+# is the "wgmma" backward's bit for bit
 register_forward("wgmma", forward_wgmma.make_forward_kernel,
                  forward_wgmma.default_blocks_or_fallback)
 
@@ -85,8 +86,9 @@ register_backward("fa2-ffma", functools.partial(backward_fa2.run_backward, dq_at
                                                 tensor_cores=False),
                   backward_fa2.default_blocks_atomic, when_deterministic="fa2")
 # Hopper warpgroup products (backward_wgmma.make_lean_kernel, 3xTF32 on wgmma, two blocks per
-# SM) where they apply (float32, d <= 64, an sm_90 GPU or the simulator), fa2-atomic elsewhere;
-# it recomputes S bit for bit as the wgmma forward computed it
+# SM; backward_wgmma_wide for 64 < d <= 128) where they apply (float32, d <= 128, an sm_90 GPU
+# or the simulator), fa2-atomic elsewhere; it recomputes S bit for bit as the wgmma forward
+# computed it
 register_backward("wgmma", backward_wgmma.run_or_fallback,
                   backward_wgmma.default_blocks_or_fallback, when_deterministic="fa2",
                   forward="wgmma")

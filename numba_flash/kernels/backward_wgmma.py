@@ -1,9 +1,11 @@
 """Backward on Hopper warpgroup products (wgmma, sm_90a; kernels/wgmma.py). float32, head dim up
 to 64, 64 x 64 tiles, one warpgroup (128 threads) per K/V block of 64 rows; every product is
 3xTF32 with its operands split once into big and small TF32 parts (notebooks/data/perf-notes.md,
-versions 12-14). Its lean kernel with paired steps is registered as the "wgmma" backward
-(run_or_fallback: fa2-atomic where it does not apply), which follows the "wgmma" forward
-(forward_wgmma.py computes S as the lean kernel does, bit for bit).
+versions 12-15). Its lean kernel with paired steps and fragments loaded ahead is registered as
+the "wgmma" backward (run_or_fallback: backward_wgmma_wide's two-warpgroup kernel for
+64 < d <= 128, fa2-atomic where neither applies), which follows the "wgmma" forward
+(forward_wgmma.py computes S as the lean kernel does, bit for bit; forward_wgmma_wide.py as
+the wide one does).
 
 Per K/V block (rows j), over the query heads sharing its key head and their Q blocks (rows i),
 with the forward's operand roles (M = i, the warpgroup's 64 rows):

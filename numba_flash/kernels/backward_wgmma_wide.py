@@ -25,6 +25,16 @@ next block's first barrier, which every warpgroup reaches after its step 4.
 
 Shared memory: seven 64 x 64 tiles, each big and small (K's two halves, V's, P^T, dS^T, dS):
 224 KiB, one block (8 warps) per SM: two warps per scheduler, as lean's two blocks of 4.
+
+Measured on an H200 (2026-12-01, tests/ab_wgmma.py time --d 128; notebooks/data/wgmma-wide-
+h200-2026-12-01.txt and wgmma-ahead-h200-2026-12-01.txt), backward TFLOP/s at d = 128, N = 1k /
+2k / 4k: 24.6-25.4 / 29.7-30.7 / 32.4-32.8, with `ahead` (the registered choice) 25.9-27.4 /
+31.7-32.2 / 34.1-34.6, against fa2-atomic's 20.4-20.7 / 23.9-24.8 / 26.3-26.6 in the same
+processes. 242 registers (252 with ahead), no local memory. Within the tolerance rule on every
+GPU case with 64 < d <= 128 and at N = 2k, after the fa2 forward and after the wide wgmma
+forward (tests/test_backward_wgmma.py, test_forward_wgmma.py), in `numba-flash verify`;
+memcheck 0 errors and racecheck 0 hazards (tests/sanitize.py wgmma; with ahead, tests/ab_wgmma.py
+check).
 """
 
 import functools
