@@ -8,7 +8,8 @@ WORD keeps only the kernels whose label contains it. The simulator cannot tell w
 compiles for a GPU (shapes of local arrays must be named constants there, not expressions) or
 whether its arrays stay in registers; this can, in seconds: on 2026-12-01 it showed the first
 wgmma forward's loops over steps putting 384 bytes of arrays in local memory (its fix: the steps
-written out) and its registers as the GPU's ptxas reported them (145, 170, 240).
+written out) and its registers as the GPU's ptxas reported them (145, 170, 240); later the wide
+forward's spills (Q's loads hoisted out of its K/V loop) before any GPU run.
 Device functions compile for the current device's compute capability, so that lookup is
 answered with 9.0 here (there is no device)."""
 import os
@@ -44,13 +45,14 @@ def kernels():
     for causal in (False, True):
         kernel, _ = forward_wgmma_wide.make_wide_kernel(causal)
         yield f"wide forward causal={causal}", kernel.kernel.py_func, FORWARD_ARGS
-    for paired_steps in (False, True):
-        kernel, _ = backward_wgmma.make_lean_kernel(False, paired_steps)
-        yield (f"lean backward paired_steps={paired_steps}", kernel.kernel.py_func,
+    for paired_steps, ahead in ((False, False), (True, False), (True, True)):
+        kernel, _ = backward_wgmma.make_lean_kernel(False, paired_steps, ahead)
+        yield (f"lean backward paired_steps={paired_steps} ahead={ahead}",
+               kernel.kernel.py_func, BACKWARD_ARGS)
+    for causal, ahead in ((False, False), (False, True), (True, True)):
+        kernel, _ = backward_wgmma_wide.make_wide_kernel(causal, ahead)
+        yield (f"wide backward causal={causal} ahead={ahead}", kernel.kernel.py_func,
                BACKWARD_ARGS)
-    for causal in (False, True):
-        kernel, _ = backward_wgmma_wide.make_wide_kernel(causal)
-        yield f"wide backward causal={causal}", kernel.kernel.py_func, BACKWARD_ARGS
 
 
 def main(words):

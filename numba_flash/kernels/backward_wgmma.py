@@ -434,28 +434,20 @@ def split_fragment(x):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_kernel(causal, paired_steps=False, ahead=False):
-    """make_dkdv_kernel's kernel with 96 KiB of shared memory (two blocks per SM): K and V staged,
-    every A operand read from global memory (Q, dO and their transposes) or from the K tile (K^T)
-    into registers, and one 64 x 64 tile that holds P^T for dV^T += dO^T P, then dS^T for
-    dK^T += Q^T dS, then dS for dQ^T = K^T dS^T (M = d; dQ added with atomics). Five barriers
-    per Q block instead of three; steps from zero, S and dP paired. Same launch and arguments.
-    paired_steps: dV^T, dK^T and dQ^T two steps per tensor-core wait (each from zero, added in
-    step order: the same sums). ahead (with paired_steps): the A fragments from global memory
-    loaded a step (S, dP) or a pair of steps (dV^T, dK^T) before their product, as
-    backward_wgmma_wide's ahead (the same values)."""
+def make_accumulate_w(paired_steps, ahead):
+    """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch): acc += X^T W
+    over 8 steps, W the 64 x 64 tile at sm[w_at] (K-major over i), X = mult src[head,
+    row0:row0+64] from global memory, X^T's rows the head-dim rows 16 warp.. (backward_wgmma_wide
+    passes warp + 4 w: its warpgroup's half). paired_steps: two steps per wait (the same sums);
+    ahead (with paired_steps): each pair's elements loaded while the pair before is computed."""
     PAIRED_STEPS, AHEAD = paired_steps, ahead and paired_steps
-    elements, elements_t = (make_global_fragment(False, split=False),
-                            make_global_fragment(True, split=False))
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
-    recompute_p = _recompute_p(float32, causal)
-    fragment, fragment_t = make_global_fragment(False), make_global_fragment(True)
-    uBM = U(BLOCK)
+    fragment_t = make_global_fragment(True)
+    elements_t = make_global_fragment(True, split=False)
 
     @cuda.jit(device=True)
-    def accumulate_w(sm, acc, src, head, row0, mult, d, warp, lane):
-        """acc += X^T W over 8 steps, X = mult src[head, row0:row0+64] from global memory."""
+    def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch):
         if AHEAD:
             x = elements_t(src, head, row0, 0, mult, d, warp, lane)
             x2 = elements_t(src, head, row0, 1, mult, d, warp, lane)
@@ -470,15 +462,36 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False):
                 else:
                     a_big, a_small = fragment_t(src, head, row0, s, mult, d, warp, lane)
                     a2_big, a2_small = fragment_t(src, head, row0, s + 1, mult, d, warp, lane)
-                add_in_turn(acc, step2_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), a2_big,
-                                            a2_small, U(W_T + STEP_FLOATS),
-                                            U(W_T + TILE + STEP_FLOATS), s,
-                                            U(LEAN_SCRATCH_AT)))
+                add_in_turn(acc, step2_regs(sm, a_big, a_small, w_at, w_at + U(TILE), a2_big,
+                                            a2_small, w_at + U(STEP_FLOATS),
+                                            w_at + U(TILE + STEP_FLOATS), s, scratch))
         else:
             for s in range(STEPS):
                 a_big, a_small = fragment_t(src, head, row0, s, mult, d, warp, lane)
-                add(acc, step_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), s,
-                                   U(LEAN_SCRATCH_AT)))
+                add(acc, step_regs(sm, a_big, a_small, w_at, w_at + U(TILE), s, scratch))
+    return accumulate_w
+
+
+@functools.lru_cache(maxsize=None)
+def make_lean_kernel(causal, paired_steps=False, ahead=False):
+    """make_dkdv_kernel's kernel with 96 KiB of shared memory (two blocks per SM): K and V staged,
+    every A operand read from global memory (Q, dO and their transposes) or from the K tile (K^T)
+    into registers, and one 64 x 64 tile that holds P^T for dV^T += dO^T P, then dS^T for
+    dK^T += Q^T dS, then dS for dQ^T = K^T dS^T (M = d; dQ added with atomics). Five barriers
+    per Q block instead of three; steps from zero, S and dP paired. Same launch and arguments.
+    paired_steps: dV^T, dK^T and dQ^T two steps per tensor-core wait (each from zero, added in
+    step order: the same sums). ahead (with paired_steps): the A fragments from global memory
+    loaded a step (S, dP) or a pair of steps (dV^T, dK^T) before their product, as
+    backward_wgmma_wide's ahead (the same values)."""
+    PAIRED_STEPS, AHEAD = paired_steps, ahead and paired_steps
+    elements = make_global_fragment(False, split=False)
+    prod = products(BLOCK, D_PAD, D_PAD)
+    step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
+    recompute_p = _recompute_p(float32, causal)
+    fragment = make_global_fragment(False)
+    uBM = U(BLOCK)
+
+    accumulate_w = make_accumulate_w(PAIRED_STEPS, AHEAD)
 
     @kernel_jit(WARPGROUP)
     def dkdv_wgmma_lean(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -549,7 +562,8 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False):
                         sm[U(W_T + TILE) + off] = ps
                 fence_proxy_async()
                 cuda.syncthreads()
-                accumulate_w(sm, dv_acc, dout, bh, m0, float32(1.0), d, warp, lane)
+                accumulate_w(sm, dv_acc, U(W_T), dout, bh, m0, float32(1.0), d, warp, lane,
+                             U(LEAN_SCRATCH_AT))
                 cuda.syncthreads()                     # P^T read by every warp
                 for nt in range(REGS // 4):
                     for e in range(4):
@@ -559,7 +573,8 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False):
                         sm[U(W_T + TILE) + off] = dsm
                 fence_proxy_async()
                 cuda.syncthreads()
-                accumulate_w(sm, dk_acc, q, bh, m0, scale, d, warp, lane)
+                accumulate_w(sm, dk_acc, U(W_T), q, bh, m0, scale, d, warp, lane,
+                             U(LEAN_SCRATCH_AT))
                 cuda.syncthreads()                     # dS^T read by every warp
                 for nt in range(REGS // 4):
                     for e in range(4):

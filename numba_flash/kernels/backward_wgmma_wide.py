@@ -44,8 +44,8 @@ from numba import cuda, float32
 
 from .backward_fa2 import _recompute_p
 from .backward_wgmma import (BLOCK, D_PAD, REGS, STEP_FLOATS, STEPS, TILE, add_in_turn, clear,
-                             make_global_fragment, make_stage, row_stats, split_fragment,
-                             store_dkdv, transposed_fragment)
+                             make_accumulate_w, make_global_fragment, make_stage, row_stats,
+                             split_fragment, store_dkdv, transposed_fragment)
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, SIMULATOR, U, DynamicSharedKernel,
                      kernel_jit)
 from .fa2_tiles import ALIGN
@@ -95,35 +95,13 @@ def make_wide_kernel(causal, ahead=False):
     prod = products(BLOCK, D_PAD, D_PAD)
     step2_regs = prod["step2_3xtf32_regs"]
     recompute_p = _recompute_p(float32, causal)
-    fragment, fragment_t = make_global_fragment(False), make_global_fragment(True)
-    elements, elements_t = (make_global_fragment(False, split=False),
-                            make_global_fragment(True, split=False))
+    fragment = make_global_fragment(False)
+    elements = make_global_fragment(False, split=False)
     stage, _ = make_stage(False, per_warpgroup=True)
     uBM = U(BLOCK)
 
-    @cuda.jit(device=True)
-    def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, rows, lane, scratch):
-        """acc += X^T W over 8 steps (two per wait), W the 64 x 64 tile at sm[w_at] (K-major
-        over i), X = mult src[head, row0:row0+64] from global memory, X^T's rows the head-dim
-        rows 16 rows.. of the thread's warp (rows = warp + 4 w: the warpgroup's half)."""
-        if AHEAD:
-            x = elements_t(src, head, row0, 0, mult, d, rows, lane)
-            x2 = elements_t(src, head, row0, 1, mult, d, rows, lane)
-        for s2 in range(STEPS // 2):
-            s = 2 * s2
-            # AHEAD: this pair's elements, loaded last iteration, and the next pair's now (after
-            # the last pair: the next Q block's rows, or zeros past Nq; loaded, not used)
-            if AHEAD:
-                a_big, a_small = split_fragment(x)
-                a2_big, a2_small = split_fragment(x2)
-                x = elements_t(src, head, row0, s + 2, mult, d, rows, lane)
-                x2 = elements_t(src, head, row0, s + 3, mult, d, rows, lane)
-            else:
-                a_big, a_small = fragment_t(src, head, row0, s, mult, d, rows, lane)
-                a2_big, a2_small = fragment_t(src, head, row0, s + 1, mult, d, rows, lane)
-            add_in_turn(acc, step2_regs(sm, a_big, a_small, w_at, w_at + U(TILE), a2_big,
-                                        a2_small, w_at + U(STEP_FLOATS),
-                                        w_at + U(TILE + STEP_FLOATS), s, scratch))
+    # acc += X^T W with X^T's rows this warpgroup's half (rows = warp + 4 w): lean's helper
+    accumulate_w = make_accumulate_w(True, AHEAD)
 
     @kernel_jit(THREADS)
     def dkdv_wgmma_wide(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
