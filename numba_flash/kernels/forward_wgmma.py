@@ -70,6 +70,67 @@ STAGE_LOADS = 16
 
 
 @functools.lru_cache(maxsize=None)
+def make_online_softmax(causal):
+    """online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk): one
+    K/V block's step of the online softmax on a warpgroup's 64 x 64 S (the accumulator entries
+    s_acc of rows i0, i1 and keys n0 + col_t.., wgmma.position), in place: S masked (keys past
+    nk; causal), m = max(m, rowmax S), alpha = exp(m_old - m_new), l = l alpha + rowsum P, and
+    s_acc = P = exp(S - m); the caller rescales O by alpha. m, l, m_safe, alpha: the thread's
+    two rows' (l its share of the row sum, m_safe m or 0 while a row has seen no key); the row
+    max over the quad by quad_max (scratch: the simulator's exchange). Shared by forward_wgmma
+    and forward_wgmma_wide."""
+    @inlined_device_function
+    def online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk):
+        # mask, then the row max of this tile: the thread's 16 entries, then its quad's
+        mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
+        for nt in range(REGS // 4):
+            for e in range(4):
+                j = 4 * nt + e
+                key = n0 + U(8 * nt + e % 2) + col_t
+                i = i1 if e // 2 else i0
+                x = s_acc[j]
+                if key >= nk or (causal and key + nq > i + nk):
+                    x = float32(NEG_INF)
+                s_acc[j] = x
+                if e // 2:
+                    mx1 = max(mx1, x)
+                else:
+                    mx0 = max(mx0, x)
+        mx0 = quad_max(sm, scratch, mx0)
+        mx1 = quad_max(sm, scratch, mx1)
+        for h in range(2):
+            m_new = max(m[h], mx1 if h else mx0)
+            # guard: a row that has seen no key yet keeps m = -inf, P = 0, O = 0
+            m_safe[h] = m_new if m_new != float32(NEG_INF) else float32(0.0)
+            alpha[h] = math.exp(m[h] - m_safe[h])
+            m[h] = m_new
+            l[h] *= alpha[h]
+        for j in range(REGS):
+            h = (j % 4) // 2
+            p = math.exp(s_acc[j] - m_safe[h])
+            s_acc[j] = p
+            l[h] += p
+    return online_softmax
+
+
+@inlined_device_function
+def finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq):
+    """The end of the online softmax for the thread's rows i0, i1: l summed over the quad,
+    lse = m + log l stored (-inf for a row that saw no key; l >= 1 wherever m is finite, the
+    max entry giving exp 0); returns 1 / l of both rows (0 for such a row), O's factors."""
+    l0 = quad_sum(sm, scratch, l[0])
+    l1 = quad_sum(sm, scratch, l[1])
+    if t4 == U(0):
+        if i0 < nq:
+            lse[bh, i0] = m[0] + math.log(l0) if l0 > float32(0.0) else float32(NEG_INF)
+        if i1 < nq:
+            lse[bh, i1] = m[1] + math.log(l1) if l1 > float32(0.0) else float32(NEG_INF)
+    inv0 = float32(1.0) / l0 if l0 > float32(0.0) else float32(0.0)
+    inv1 = float32(1.0) / l1 if l1 > float32(0.0) else float32(0.0)
+    return inv0, inv1
+
+
+@functools.lru_cache(maxsize=None)
 def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
     """The kernel: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v, out, lse, scale,
     heads, group) on (B*H, N, d) float32 device arrays, d <= 64 (the registry's contract).
@@ -83,6 +144,7 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
     stage_vt, fetch_vt = make_stage(True, permuted=True, loads=loads)
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
+    online_softmax = make_online_softmax(causal)
     uBM = U(BLOCK)
 
     @inlined_device_function
@@ -199,36 +261,10 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
             if not PAIRED:
                 s_steps(sm, s_acc, q_at, 7)
 
-            # mask, then the row max of this tile: the thread's 16 entries, then its quad's
-            mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
-            for nt in range(REGS // 4):
-                for e in range(4):
-                    j = 4 * nt + e
-                    key = n0 + U(8 * nt + e % 2) + col_t
-                    i = i1 if e // 2 else i0
-                    x = s_acc[j]
-                    if key >= nk or (causal and key + nq > i + nk):
-                        x = float32(NEG_INF)
-                    s_acc[j] = x
-                    if e // 2:
-                        mx1 = max(mx1, x)
-                    else:
-                        mx0 = max(mx0, x)
-            mx0 = quad_max(sm, U(SCRATCH_AT), mx0)
-            mx1 = quad_max(sm, U(SCRATCH_AT), mx1)
-            for h in range(2):
-                m_new = max(m[h], mx1 if h else mx0)
-                # guard: a row that has seen no key yet keeps m = -inf, P = 0, O = 0
-                m_safe[h] = m_new if m_new != float32(NEG_INF) else float32(0.0)
-                alpha[h] = math.exp(m[h] - m_safe[h])
-                m[h] = m_new
-                l[h] *= alpha[h]
+            online_softmax(sm, U(SCRATCH_AT), s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t,
+                           nq, nk)
             for j in range(REGS):
-                h = (j % 4) // 2
-                p = math.exp(s_acc[j] - m_safe[h])
-                s_acc[j] = p
-                l[h] += p
-                o_acc[j] *= alpha[h]
+                o_acc[j] *= alpha[(j % 4) // 2]
 
             # O += P V: P's C fragment is the A fragment against the permuted V^T. Written out
             # with constant s: LLVM does not unroll a loop that holds a wgmma, and P (indexed
@@ -247,22 +283,14 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
                 pv_steps(sm, o_acc, s_acc, 7)
             n0 += uBM
 
-        # O / l and lse = m + log l; l >= 1 wherever m is finite (the max entry gives exp 0)
-        l0 = quad_sum(sm, U(SCRATCH_AT), l[0])
-        l1 = quad_sum(sm, U(SCRATCH_AT), l[1])
-        inv0 = float32(1.0) / l0 if l0 > float32(0.0) else float32(0.0)
-        inv1 = float32(1.0) / l1 if l1 > float32(0.0) else float32(0.0)
+        # O / l and lse = m + log l
+        inv0, inv1 = finish_rows(sm, U(SCRATCH_AT), lse, bh, m, l, i0, i1, t4, nq)
         for j in range(REGS):
             h = (j % 4) // 2
             i = i1 if h else i0
             c = U(8 * (j // 4) + j % 2) + col_t
             if i < nq and c < d:
                 out[bh, i, c] = o_acc[j] * (inv1 if h else inv0)
-        if t4 == U(0):
-            if i0 < nq:
-                lse[bh, i0] = m[0] + math.log(l0) if l0 > float32(0.0) else float32(NEG_INF)
-            if i1 < nq:
-                lse[bh, i1] = m[1] + math.log(l1) if l1 > float32(0.0) else float32(NEG_INF)
 
     return simulator_launch(DynamicSharedKernel(forward_wgmma, NBYTES)), WARPGROUP
 

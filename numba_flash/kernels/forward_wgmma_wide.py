@@ -30,7 +30,6 @@ K/V block, against 8 in all at d = 64): what pairing would save, ptxas spilled.
 """
 
 import functools
-import math
 
 import numpy as np
 from numba import cuda, float32
@@ -41,10 +40,9 @@ from .backward_wgmma_wide import D_WIDE, HALF, THREADS
 from .common import (NEG_INF, SIMULATOR, U, DynamicSharedKernel, inlined_device_function,
                      kernel_jit, kv_head)
 from .fa2_tiles import ALIGN
-from .forward_wgmma import STAGE_LOADS
+from .forward_wgmma import STAGE_LOADS, finish_rows, make_online_softmax
 from .mma import split_tf32
-from .wgmma import (SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products, quad_max,
-                    quad_sum)
+from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
 BLOCK_M = 2 * BLOCK          # query rows per block: 64 per warpgroup
 # float offsets: K's two column halves, then V^T's (rows: the head dim), each big then small
@@ -77,6 +75,7 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False)
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
     fragment = make_global_fragment(False)
+    online_softmax = make_online_softmax(causal)
     PV_PAIRED, S_PAIRED = pv_paired, s_paired
     uBN = U(BLOCK)
 
@@ -175,37 +174,10 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False)
             s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 6, scratch)
             s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 7, scratch)
 
-            # mask, then the row max of this tile: the thread's 16 entries, then its quad's
-            mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
-            for nt in range(REGS // 4):
-                for e in range(4):
-                    j = 4 * nt + e
-                    key = n0 + U(8 * nt + e % 2) + col_t
-                    i = i1 if e // 2 else i0
-                    x = s_acc[j]
-                    if key >= nk or (causal and key + nq > i + nk):
-                        x = float32(NEG_INF)
-                    s_acc[j] = x
-                    if e // 2:
-                        mx1 = max(mx1, x)
-                    else:
-                        mx0 = max(mx0, x)
-            mx0 = quad_max(sm, scratch, mx0)
-            mx1 = quad_max(sm, scratch, mx1)
-            for h in range(2):
-                m_new = max(m[h], mx1 if h else mx0)
-                # guard: a row that has seen no key yet keeps m = -inf, P = 0, O = 0
-                m_safe[h] = m_new if m_new != float32(NEG_INF) else float32(0.0)
-                alpha[h] = math.exp(m[h] - m_safe[h])
-                m[h] = m_new
-                l[h] *= alpha[h]
+            online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk)
             for j in range(REGS):
-                h = (j % 4) // 2
-                p = math.exp(s_acc[j] - m_safe[h])
-                s_acc[j] = p
-                l[h] += p
-                o0[j] *= alpha[h]
-                o1[j] *= alpha[h]
+                o0[j] *= alpha[(j % 4) // 2]
+                o1[j] *= alpha[(j % 4) // 2]
 
             # O += P V, written out with constant steps (forward_wgmma: a loop holding a wgmma
             # is not unrolled, and P, indexed by the step, would live in local memory)
@@ -219,11 +191,8 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False)
             pv_step(sm, o0, o1, s_acc, 7, scratch)
             n0 += uBN
 
-        # O / l and lse = m + log l; l >= 1 wherever m is finite (the max entry gives exp 0)
-        l0 = quad_sum(sm, scratch, l[0])
-        l1 = quad_sum(sm, scratch, l[1])
-        inv0 = float32(1.0) / l0 if l0 > float32(0.0) else float32(0.0)
-        inv1 = float32(1.0) / l1 if l1 > float32(0.0) else float32(0.0)
+        # O / l and lse = m + log l
+        inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
         for j in range(REGS):
             h = (j % 4) // 2
             i = i1 if h else i0
@@ -234,10 +203,5 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False)
                     out[bh, i, c] = o0[j] * inv
                 if c + U(D_PAD) < d:
                     out[bh, i, c + U(D_PAD)] = o1[j] * inv
-        if t4 == U(0):
-            if i0 < nq:
-                lse[bh, i0] = m[0] + math.log(l0) if l0 > float32(0.0) else float32(NEG_INF)
-            if i1 < nq:
-                lse[bh, i1] = m[1] + math.log(l1) if l1 > float32(0.0) else float32(NEG_INF)
 
     return simulator_launch(DynamicSharedKernel(forward_wgmma_wide, NBYTES)), THREADS
