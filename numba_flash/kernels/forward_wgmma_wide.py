@@ -1,19 +1,20 @@
 """Forward on Hopper warpgroup products (wgmma, sm_90a) for head dims 65..128: float32, two
 warpgroups (256 threads) per block of 128 query rows, each warpgroup its own 64 rows against the
 block's shared K and V tiles of 64 keys. The "wgmma" forward runs it where 64 < d <= 128
-(forward_wgmma.make_forward_kernel); both products are 3xTF32, two steps per wait.
+(forward_wgmma.make_forward_kernel); both products are 3xTF32, one step per tensor-core wait
+(make_wide_kernel says why).
 
 S is formed exactly as backward_wgmma_wide forms it, so that the "wgmma" backward recomputes P
 bit for bit (the reason forward_wgmma gives): A = scale Q as register fragments read from global
 memory and split by the same function (backward_wgmma.make_global_fragment), B = K staged as
-its two 64-column halves by the same `stage`, the same 16 steps from zero, two per wait,
-added in step order.
+its two 64-column halves by the same `stage`, the same 16 steps from zero added in step order
+(the backward waits once per two steps, this kernel once per step: the same sums).
 
 Per warpgroup (rows i), over K/V blocks (rows j), the online softmax of forward_wgmma:
   S = (scale Q) K^T,  m_new = max(m, rowmax S),  P = exp(S - m_new),
   l = l exp(m - m_new) + rowsum P,  O = O exp(m - m_new) + P V,
 with O as two 64 x 64 halves (O's head-dim columns 0..63 and 64..127; 32 registers each) and
-P V as two m64n64 products per step in one wait, A = P straight from S's accumulator registers
+P V as two m64n64 products per step (one wait each), A = P straight from S's accumulator registers
 (forward_wgmma's permuted V^T), B = V^T's two halves. Q is not staged: K and V^T, big and small
 parts, fill 128 KiB; Q's 64 KiB per warpgroup would not fit, and its 32 KiB of float32 rows
 per warpgroup are re-read from L1 / L2 per K/V block.
