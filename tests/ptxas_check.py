@@ -42,17 +42,23 @@ def kernels():
                  dict(prefetch=True)):
         kernel, _ = forward_wgmma.make_wgmma_kernel(**{"causal": False, **opts})
         yield f"forward_wgmma {opts}", kernel.kernel.py_func, FORWARD_ARGS
-    for causal in (False, True):
-        kernel, _ = forward_wgmma_wide.make_wide_kernel(causal)
-        yield f"wide forward causal={causal}", kernel.kernel.py_func, FORWARD_ARGS
+    for opts in (dict(), dict(causal=True), dict(pv_chained=True),
+                 dict(causal=True, pv_chained=True), dict(pv_chained=True, s_chained=True),
+                 dict(causal=True, pv_chained=True, s_chained=True)):
+        kernel, _ = forward_wgmma_wide.make_wide_kernel(**{"causal": False, **opts})
+        yield f"wide forward {opts}", kernel.kernel.py_func, FORWARD_ARGS
     for paired_steps, ahead in ((False, False), (True, False), (True, True)):
         kernel, _ = backward_wgmma.make_lean_kernel(False, paired_steps, ahead)
         yield (f"lean backward paired_steps={paired_steps} ahead={ahead}",
                kernel.kernel.py_func, BACKWARD_ARGS)
-    for causal, ahead in ((False, False), (False, True), (True, True)):
-        kernel, _ = backward_wgmma_wide.make_wide_kernel(causal, ahead)
-        yield (f"wide backward causal={causal} ahead={ahead}", kernel.kernel.py_func,
-               BACKWARD_ARGS)
+    for opts in (dict(), dict(ahead=True), dict(causal=True, ahead=True),
+                 dict(s_chained=True), dict(ahead=True, s_chained=True),
+                 dict(causal=True, ahead=True, s_chained=True),
+                 dict(s_chained=True, w_chained=True),
+                 dict(ahead=True, s_chained=True, w_chained=True),
+                 dict(causal=True, ahead=True, s_chained=True, w_chained=True)):
+        kernel, _ = backward_wgmma_wide.make_wide_kernel(**{"causal": False, **opts})
+        yield f"wide backward {opts}", kernel.kernel.py_func, BACKWARD_ARGS
 
 
 def main(words):

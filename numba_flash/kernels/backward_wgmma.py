@@ -58,7 +58,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, Dynamic
                      ceil_div, device_function, kernel_jit)
 from .fa2_tiles import ALIGN
 from .mma import split_tf32
-from .wgmma import (SCRATCH, STEP, WARPGROUP,
+from .wgmma import (CHAIN, SCRATCH, STEP, WARPGROUP,
                     fence_proxy_async, position, products)
 
 BLOCK = 64                  # block_m = block_n
@@ -68,6 +68,7 @@ STEPS = 64 // STEP          # 8-long steps of every product (K = d, i or j: all 
 REGS = 32                   # accumulator entries per thread of a 64 x 64 product
 LOADS = 8                   # global loads a thread has in flight when staging a tile
 STEP_FLOATS = 64            # floats from one 8-long step of a staged tile to the next
+CHAIN_A = 4 * CHAIN         # a thread's A-fragment entries of one chained product (wgmma.py)
 # float offsets of the tiles in shared memory: big part, small part
 K_T, V_T, KT_T, Q_T, DO_T, PT_T, DST_T = (2 * TILE * x for x in range(7))
 SCRATCH_AT = 14 * TILE      # the simulator's fragment exchange (wgmma.step_3xtf32_regs)
@@ -423,6 +424,30 @@ def make_global_fragment(transposed, split=True):
     return global_fragment if split else global_elements
 
 
+@functools.lru_cache(maxsize=None)
+def make_chain_fragments(transposed):
+    """chain_elements(x, src, head, row0, s0, mult, d, warp, lane): the elements of the register
+    A fragments of steps s0..s0 + CHAIN of X (make_global_fragment's X) into the local array
+    x, step s0 + s's four at 4 s..; with split_chain(a_big, a_small, x), the A operand of
+    wgmma's chained_3xtf32_regs (the same TF32 parts as global_fragment's)."""
+    elements = make_global_fragment(transposed, split=False)
+
+    @device_function
+    def chain_elements(x, src, head, row0, s0, mult, d, warp, lane):
+        for s in range(CHAIN):
+            e4 = elements(src, head, row0, s0 + s, mult, d, warp, lane)
+            for e in range(4):
+                x[4 * s + e] = e4[e]
+    return chain_elements
+
+
+@device_function
+def split_chain(a_big, a_small, x):
+    """a_big, a_small = the TF32 parts of x, entry by entry (CHAIN_A entries)."""
+    for j in range(CHAIN_A):
+        a_big[j], a_small[j] = split_tf32(x[j])
+
+
 @device_function
 def split_fragment(x):
     """(big, small) of a fragment's four elements: what global_fragment returns."""
@@ -469,6 +494,34 @@ def make_accumulate_w(paired_steps, ahead):
             for s in range(STEPS):
                 a_big, a_small = fragment_t(src, head, row0, s, mult, d, warp, lane)
                 add(acc, step_regs(sm, a_big, a_small, w_at, w_at + U(TILE), s, scratch))
+    return accumulate_w
+
+
+@functools.lru_cache(maxsize=None)
+def make_accumulate_w_chained(ahead):
+    """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
+    a_small): make_accumulate_w's acc += X^T W as STEPS // CHAIN products of CHAIN steps, each
+    chained in the tensor core (one wait each), through the local arrays x, a_big, a_small
+    (CHAIN_A entries); ahead: each product's elements loaded while the one before is computed
+    (past the last: the next Q block's rows, loaded, not used)."""
+    AHEAD = ahead
+    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    chain_elements_t = make_chain_fragments(True)
+
+    @cuda.jit(device=True)
+    def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
+                     a_small):
+        if AHEAD:
+            chain_elements_t(x, src, head, row0, U(0), mult, d, warp, lane)
+        for g in range(STEPS // CHAIN):
+            if AHEAD:
+                split_chain(a_big, a_small, x)
+                chain_elements_t(x, src, head, row0, U(CHAIN * (g + 1)), mult, d, warp, lane)
+            else:
+                chain_elements_t(x, src, head, row0, U(CHAIN * g), mult, d, warp, lane)
+                split_chain(a_big, a_small, x)
+            add(acc, chained_regs(sm, a_big, a_small, w_at, w_at + U(TILE), CHAIN * g,
+                                  scratch))
     return accumulate_w
 
 

@@ -43,14 +43,16 @@ import numpy as np
 from numba import cuda, float32
 
 from .backward_fa2 import _recompute_p
-from .backward_wgmma import (BLOCK, D_PAD, REGS, STEP_FLOATS, STEPS, TILE, add_in_turn, clear,
-                             make_accumulate_w, make_global_fragment, make_stage, row_stats,
+from .backward_wgmma import (BLOCK, CHAIN_A, D_PAD, REGS, STEP_FLOATS, STEPS, TILE, add,
+                             add_in_turn, clear, make_accumulate_w, make_accumulate_w_chained,
+                             make_chain_fragments,
+                             make_global_fragment, make_stage, row_stats, split_chain,
                              split_fragment, store_dkdv, transposed_fragment)
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, SIMULATOR, U, DynamicSharedKernel,
                      kernel_jit)
 from .fa2_tiles import ALIGN
 from .mma import split_tf32
-from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, products
+from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, products
 
 D_WIDE = 2 * D_PAD          # the head dim, zero-padded: two halves of 64
 THREADS = 2 * WARPGROUP
@@ -85,15 +87,19 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 
 
 @functools.lru_cache(maxsize=None)
-def make_wide_kernel(causal, ahead=False):
+def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False):
     """The kernel: grid (ceil(Nk / 64), B*Hk), 256 threads, arguments (q, k, v, dout, lse, D,
     dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, d <= 128, dq holding zeros
     (dQ is added with atomics). ahead: the A fragments from global memory (S, dP, dV^T, dK^T)
     loaded one pair of steps ahead, so that their latency overlaps the tensor core's (8 more
-    registers live; the same values and sums)."""
-    AHEAD = ahead
+    registers live; the same values and sums). s_chained: S and dP as four products of CHAIN
+    steps, each chained in the tensor core (4 waits instead of 8), S exactly as
+    forward_wgmma_wide.make_wide_kernel(s_chained=True) forms it. w_chained: dV^T, dK^T and
+    dQ^T each as two such products (2 waits instead of 4)."""
+    AHEAD, S_CHAINED, W_CHAINED = ahead, s_chained, w_chained
     prod = products(BLOCK, D_PAD, D_PAD)
-    step2_regs = prod["step2_3xtf32_regs"]
+    step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
+    chain_elements = make_chain_fragments(False)
     recompute_p = _recompute_p(float32, causal)
     fragment = make_global_fragment(False)
     elements = make_global_fragment(False, split=False)
@@ -102,6 +108,7 @@ def make_wide_kernel(causal, ahead=False):
 
     # acc += X^T W with X^T's rows this warpgroup's half (rows = warp + 4 w): lean's helper
     accumulate_w = make_accumulate_w(True, AHEAD)
+    accumulate_w_chained = make_accumulate_w_chained(AHEAD)
 
     @kernel_jit(THREADS)
     def dkdv_wgmma_wide(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -118,6 +125,9 @@ def make_wide_kernel(causal, ahead=False):
         dk_acc = cuda.local.array(REGS, float32)     # dK^T, head-dim rows of half wg
         dv_acc = cuda.local.array(REGS, float32)     # dV^T, the same rows
         dq_acc = cuda.local.array(REGS, float32)     # dQ^T of this Q block, the same rows
+        x = cuda.local.array(CHAIN_A, float32)       # s_chained: A fragments, unsplit
+        a_big = cuda.local.array(CHAIN_A, float32)   # and split
+        a_small = cuda.local.array(CHAIN_A, float32)
         clear(dk_acc)
         clear(dv_acc)
         # warpgroup 0 stages K's two column halves (S's B), warpgroup 1 V's (dP's B)
@@ -150,24 +160,39 @@ def make_wide_kernel(causal, ahead=False):
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 # 1. S (wg 0) or dP (wg 1): 16 steps, 8 per column half, two per wait
                 clear(acc)
-                if AHEAD:
-                    x = elements(a_src, bh, m0, 0, a_mult, d, warp, lane)
+                if S_CHAINED:   # four chained products of CHAIN steps, 2 per column half
+                    if AHEAD:
+                        chain_elements(x, a_src, bh, m0, U(0), a_mult, d, warp, lane)
+                    for g in range(2 * STEPS // CHAIN):
+                        if AHEAD:   # past the last: zeros (columns >= d), nothing loaded
+                            split_chain(a_big, a_small, x)
+                            chain_elements(x, a_src, bh, m0, U(CHAIN * (g + 1)), a_mult, d,
+                                           warp, lane)
+                        else:
+                            chain_elements(x, a_src, bh, m0, U(CHAIN * g), a_mult, d, warp,
+                                           lane)
+                            split_chain(a_big, a_small, x)
+                        at = b_at + U(HALF) * U(CHAIN * g // STEPS)
+                        add(acc, chained_regs(sm, a_big, a_small, at, at + U(TILE),
+                                              (CHAIN * g) % STEPS, scratch))
+                if AHEAD and not S_CHAINED:
+                    x1 = elements(a_src, bh, m0, 0, a_mult, d, warp, lane)
                     x2 = elements(a_src, bh, m0, 1, a_mult, d, warp, lane)
-                for s2 in range(STEPS):
+                for s2 in range(0 if S_CHAINED else STEPS):
                     s = 2 * s2
                     at = b_at + U(HALF) * U(s2 // (STEPS // 2))
                     sl = s % STEPS
                     if AHEAD:   # past the last step: zeros (columns >= d), nothing loaded
-                        a_big, a_small = split_fragment(x)
-                        a2_big, a2_small = split_fragment(x2)
-                        x = elements(a_src, bh, m0, s + 2, a_mult, d, warp, lane)
+                        f_big, f_small = split_fragment(x1)
+                        f2_big, f2_small = split_fragment(x2)
+                        x1 = elements(a_src, bh, m0, s + 2, a_mult, d, warp, lane)
                         x2 = elements(a_src, bh, m0, s + 3, a_mult, d, warp, lane)
                     else:
-                        a_big, a_small = fragment(a_src, bh, m0, s, a_mult, d, warp, lane)
-                        a2_big, a2_small = fragment(a_src, bh, m0, s + 1, a_mult, d, warp,
+                        f_big, f_small = fragment(a_src, bh, m0, s, a_mult, d, warp, lane)
+                        f2_big, f2_small = fragment(a_src, bh, m0, s + 1, a_mult, d, warp,
                                                     lane)
-                    add_in_turn(acc, step2_regs(sm, a_big, a_small, at, at + U(TILE), a2_big,
-                                                a2_small, at + U(STEP_FLOATS),
+                    add_in_turn(acc, step2_regs(sm, f_big, f_small, at, at + U(TILE), f2_big,
+                                                f2_small, at + U(STEP_FLOATS),
                                                 at + U(TILE + STEP_FLOATS), sl, scratch))
                 # 2. P = exp(S - lse) and P^T into shared memory
                 if wg == U(0):
@@ -200,18 +225,36 @@ def make_wide_kernel(causal, ahead=False):
                             sm[U(DS_T) + off_ds] = db
                             sm[U(DS_T + TILE) + off_ds] = dsm
                     fence_proxy_async()
-                accumulate_w(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d, rows, lane,
-                             scratch)
+                if W_CHAINED:
+                    accumulate_w_chained(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d,
+                                         rows, lane, scratch, x, a_big, a_small)
+                else:
+                    accumulate_w(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d, rows,
+                                 lane, scratch)
                 cuda.syncthreads()
                 # 4. dK^T += (scale Q)^T dS and dQ^T = K^T dS^T, each over this half's rows
-                accumulate_w(sm, dk_acc, U(DST_T), q, bh, m0, scale, d, rows, lane, scratch)
                 clear(dq_acc)
-                for s2 in range(STEPS // 2):
+                if W_CHAINED:
+                    accumulate_w_chained(sm, dk_acc, U(DST_T), q, bh, m0, scale, d, rows, lane,
+                                         scratch, x, a_big, a_small)
+                    for g in range(STEPS // CHAIN):
+                        for s in range(CHAIN):
+                            f_big, f_small = transposed_fragment(sm, k_half, CHAIN * g + s,
+                                                                 warp, lane)
+                            for e in range(4):
+                                a_big[4 * s + e] = f_big[e]
+                                a_small[4 * s + e] = f_small[e]
+                        add(dq_acc, chained_regs(sm, a_big, a_small, U(DS_T), U(DS_T + TILE),
+                                                 CHAIN * g, scratch))
+                else:
+                    accumulate_w(sm, dk_acc, U(DST_T), q, bh, m0, scale, d, rows, lane,
+                                 scratch)
+                for s2 in range(0 if W_CHAINED else STEPS // 2):
                     s = 2 * s2
-                    a_big, a_small = transposed_fragment(sm, k_half, s, warp, lane)
-                    a2_big, a2_small = transposed_fragment(sm, k_half, s + 1, warp, lane)
-                    add_in_turn(dq_acc, step2_regs(sm, a_big, a_small, U(DS_T),
-                                                   U(DS_T + TILE), a2_big, a2_small,
+                    f_big, f_small = transposed_fragment(sm, k_half, s, warp, lane)
+                    f2_big, f2_small = transposed_fragment(sm, k_half, s + 1, warp, lane)
+                    add_in_turn(dq_acc, step2_regs(sm, f_big, f_small, U(DS_T),
+                                                   U(DS_T + TILE), f2_big, f2_small,
                                                    U(DS_T + STEP_FLOATS),
                                                    U(DS_T + TILE + STEP_FLOATS), s, scratch))
                 for nt in range(REGS // 4):
@@ -228,13 +271,15 @@ def make_wide_kernel(causal, ahead=False):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m=BLOCK, block_n=BLOCK, ahead=False):
+                 block_m=BLOCK, block_n=BLOCK, ahead=False, s_chained=False,
+                 w_chained=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wide kernel on 3-D
     float32 device arrays (backward.run_backward's contract); ValueError where `check` does
-    not allow the case. dQ comes from atomics: not bitwise reproducible. ahead:
-    make_wide_kernel's."""
+    not allow the case. dQ comes from atomics: not bitwise reproducible. ahead, s_chained,
+    w_chained: make_wide_kernel's."""
     from .backward_wgmma import launch_with_preprocess
     check(q.shape[2], q.dtype, block_m, block_n)
-    kernel, threads = make_wide_kernel(bool(causal), bool(ahead))
+    kernel, threads = make_wide_kernel(bool(causal), bool(ahead), bool(s_chained),
+                                       bool(w_chained))
     launch_with_preprocess(kernel, threads, dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                            heads=heads, group=group)

@@ -35,15 +35,16 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-from .backward_wgmma import (BLOCK, D_PAD, REGS, STEP_FLOATS, STEPS, TILE, add, add2, add_in_turn,
-                             clear, make_global_fragment, make_stage, simulator_launch)
+from .backward_wgmma import (BLOCK, CHAIN_A, D_PAD, REGS, STEP_FLOATS, STEPS, TILE, add, add2,
+                             add_in_turn, clear, make_chain_fragments, make_global_fragment,
+                             make_stage, simulator_launch, split_chain)
 from .backward_wgmma_wide import D_WIDE, HALF, THREADS
 from .common import (NEG_INF, SIMULATOR, U, DynamicSharedKernel, inlined_device_function,
                      kernel_jit, kv_head)
 from .fa2_tiles import ALIGN
 from .forward_wgmma import STAGE_LOADS, finish_rows, make_online_softmax
 from .mma import split_tf32
-from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
+from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
 BLOCK_M = 2 * BLOCK          # query rows per block: 64 per warpgroup
 # float offsets: K's two column halves, then V^T's (rows: the head dim), each big then small
@@ -63,21 +64,30 @@ def applies(head_dim, dtype, block_m=BLOCK_M, block_n=BLOCK):
 
 
 @functools.lru_cache(maxsize=None)
-def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False):
+def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
+                     pv_chained=False, s_chained=False):
     """The kernel: grid (ceil(Nq / 128), B*H), 256 threads, arguments (q, k, v, out, lse,
     scale, heads, group) on (B*H, N, d) float32 device arrays, d <= 128. loads: global loads
     in flight per thread while staging K and V^T. s_paired / pv_paired: two steps of S, or
     P V's two halves, per tensor-core wait (the same sums either way; S stays bitwise the
     backward's, whose steps are paired). Off by default: ptxas (sm_90a, CUDA 13.0,
     tests/ptxas_check.py) gives 208 registers (causal 205) with neither, and 255 registers
-    with spills (8 to 580 bytes) with either one."""
+    with spills (8 to 580 bytes) with either one. pv_chained: each half of P V as one product
+    of 8 steps chained in the tensor core's accumulator from zero (wgmma chained_3xtf32_regs),
+    then added into O: two waits per K/V block instead of 16, at the accuracy of a chained
+    sum over the block's 64 keys (wgmma.py); S is untouched. s_chained: S in four products
+    of CHAIN steps chained in the tensor core (4 waits instead of 16), as
+    backward_wgmma_wide.make_wide_kernel(s_chained=True) forms it, the backward that then
+    recomputes it bit for bit."""
     stage_k, _ = make_stage(False, loads=loads, per_warpgroup=True)
     stage_vt, _ = make_stage(True, permuted=True, loads=loads, per_warpgroup=True)
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
+    chained_regs = prod["chained_3xtf32_regs"]
     fragment = make_global_fragment(False)
+    chain_elements = make_chain_fragments(False)
     online_softmax = make_online_softmax(causal)
-    PV_PAIRED, S_PAIRED = pv_paired, s_paired
+    PV_PAIRED, S_PAIRED, PV_CHAINED, S_CHAINED = pv_paired, s_paired, pv_chained, s_chained
     uBN = U(BLOCK)
 
     @inlined_device_function
@@ -98,6 +108,15 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False)
                                  scratch))
 
     @inlined_device_function
+    def s_chain(sm, s_acc, q, bh, row0, scale, d, warp, lane, g, x, a_big, a_small, scratch):
+        """s_acc += steps CHAIN g.. of (scale Q) K^T, chained in the tensor core (one wait)."""
+        chain_elements(x, q, bh, row0, U(CHAIN * g), scale, d, warp, lane)
+        split_chain(a_big, a_small, x)
+        b_at = U(K_T + HALF * (CHAIN * g // STEPS))
+        add(s_acc, chained_regs(sm, a_big, a_small, b_at, b_at + U(TILE), (CHAIN * g) % STEPS,
+                                scratch))
+
+    @inlined_device_function
     def pv_step(sm, o0, o1, p, s, scratch):
         """O += step s of P V, both halves of O in one wait; P's C-fragment entries 4s, 4s + 2,
         4s + 1, 4s + 3 are the A fragment against the permuted V^T (forward_wgmma)."""
@@ -113,6 +132,18 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False)
             add(o0, step_regs(sm, a_big, a_small, U(VT_T), U(VT_T + TILE), s, scratch))
             add(o1, step_regs(sm, a_big, a_small, U(VT_T + HALF), U(VT_T + HALF + TILE), s,
                               scratch))
+
+    @inlined_device_function
+    def pv_chained(sm, o0, o1, p, p_big, p_small, s0, scratch):
+        """O += steps s0..s0 + CHAIN of P V, each half one product chained in the tensor core;
+        P's A fragments (as pv_step takes them) split into p_big, p_small first."""
+        for s in range(CHAIN):
+            for e in range(4):          # C-fragment entries 4s, 4s + 2, 4s + 1, 4s + 3
+                p_big[4 * s + e], p_small[4 * s + e] = split_tf32(
+                    p[4 * (s0 + s) + (e % 2) * 2 + e // 2])
+        add(o0, chained_regs(sm, p_big, p_small, U(VT_T), U(VT_T + TILE), s0, scratch))
+        add(o1, chained_regs(sm, p_big, p_small, U(VT_T + HALF), U(VT_T + HALF + TILE), s0,
+                             scratch))
 
     @kernel_jit(THREADS)
     def forward_wgmma_wide(q, k, v, out, lse, scale, heads, group):
@@ -136,6 +167,9 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False)
         l = cuda.local.array(2, float32)                 # this thread's share of the row sums
         m_safe = cuda.local.array(2, float32)            # m, or 0 while a row has seen no key
         alpha = cuda.local.array(2, float32)             # exp(m_old - m_new)
+        a_big = cuda.local.array(CHAIN_A, float32)       # chained products' A fragments,
+        a_small = cuda.local.array(CHAIN_A, float32)     # split (P's, or scale Q's)
+        x = cuda.local.array(CHAIN_A, float32)           # s_chained: scale Q's, unsplit
         for h in range(2):
             m[h] = float32(NEG_INF)
             l[h] = float32(0.0)
@@ -166,14 +200,24 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False)
             # Q's rows re-read from L1 / L2 here: without opaque_zero LLVM hoists all 64 loads
             # out of the loop and ptxas spills (255 registers, 208-296 bytes of stack)
             q_row0 = row0 + opaque_zero()
-            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 0, scratch)
-            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 1, scratch)
-            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 2, scratch)
-            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, scratch)
-            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 4, scratch)
-            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 5, scratch)
-            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 6, scratch)
-            s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 7, scratch)
+            if S_CHAINED:
+                s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 0, x, a_big, a_small,
+                        scratch)
+                s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 1, x, a_big, a_small,
+                        scratch)
+                s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 2, x, a_big, a_small,
+                        scratch)
+                s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, x, a_big, a_small,
+                        scratch)
+            else:
+                s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 0, scratch)
+                s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 1, scratch)
+                s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 2, scratch)
+                s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, scratch)
+                s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 4, scratch)
+                s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 5, scratch)
+                s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 6, scratch)
+                s_steps(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 7, scratch)
 
             online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk)
             for j in range(REGS):
@@ -182,14 +226,18 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False)
 
             # O += P V, written out with constant steps (forward_wgmma: a loop holding a wgmma
             # is not unrolled, and P, indexed by the step, would live in local memory)
-            pv_step(sm, o0, o1, s_acc, 0, scratch)
-            pv_step(sm, o0, o1, s_acc, 1, scratch)
-            pv_step(sm, o0, o1, s_acc, 2, scratch)
-            pv_step(sm, o0, o1, s_acc, 3, scratch)
-            pv_step(sm, o0, o1, s_acc, 4, scratch)
-            pv_step(sm, o0, o1, s_acc, 5, scratch)
-            pv_step(sm, o0, o1, s_acc, 6, scratch)
-            pv_step(sm, o0, o1, s_acc, 7, scratch)
+            if PV_CHAINED:
+                pv_chained(sm, o0, o1, s_acc, a_big, a_small, 0, scratch)
+                pv_chained(sm, o0, o1, s_acc, a_big, a_small, CHAIN, scratch)
+            else:
+                pv_step(sm, o0, o1, s_acc, 0, scratch)
+                pv_step(sm, o0, o1, s_acc, 1, scratch)
+                pv_step(sm, o0, o1, s_acc, 2, scratch)
+                pv_step(sm, o0, o1, s_acc, 3, scratch)
+                pv_step(sm, o0, o1, s_acc, 4, scratch)
+                pv_step(sm, o0, o1, s_acc, 5, scratch)
+                pv_step(sm, o0, o1, s_acc, 6, scratch)
+                pv_step(sm, o0, o1, s_acc, 7, scratch)
             n0 += uBN
 
         # O / l and lse = m + log l

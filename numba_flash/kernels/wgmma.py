@@ -91,6 +91,7 @@ def a_fragment_index(e, warp, lane):
 
 
 SCRATCH = 2 * 64 * STEP   # floats of shared memory step_3xtf32_regs needs on the simulator
+CHAIN = 4                 # steps of one chained_3xtf32_regs product
 
 
 # Row reductions over a quad (lanes 4g..4g+3 hold the same two rows of a C fragment): warp
@@ -305,6 +306,57 @@ else:
             return result(*args), codegen
         return chained
 
+    def _chained_regs_intrinsic(n, steps):
+        """One product of `steps` 3xTF32 steps with A from registers, chained in a fresh
+        accumulator (scale-d false on its first wgmma), in one fence / commit / wait block.
+        Arguments: a_big, a_small (local float32 arrays of 4 steps entries: step s's A fragment
+        at 4 s..4 s + 3, wgmma.a_fragment_index's order), b_big, b_small (descriptors of step
+        0; step s adds 256 s bytes, as _chained_intrinsic's)."""
+        regs = n // 2
+        n_a = 8 * steps
+        lines = ["{", ".reg .pred p;", ".reg .b64 bb, bs;",
+                 f"setp.ne.b32 p, ${regs + n_a + 2}, 0;", "wgmma.fence.sync.aligned;"]
+        acc = "{" + ", ".join(f"${i}" for i in range(regs)) + "}"
+        mma = f"wgmma.mma_async.sync.aligned.m64n{n}k8.f32.tf32.tf32 {acc}"
+        for s in range(steps):
+            big = "{" + ", ".join(f"${regs + 4 * s + i}" for i in range(4)) + "}"
+            small = "{" + ", ".join(f"${regs + 4 * steps + 4 * s + i}" for i in range(4)) + "}"
+            lines += [f"add.s64 bb, ${regs + n_a}, {16 * s};",
+                      f"add.s64 bs, ${regs + n_a + 1}, {16 * s};",
+                      f"{mma}, {small}, bb, {'p' if s == 0 else '1'}, 1, 1;",
+                      f"{mma}, {big}, bs, 1, 1, 1;", f"{mma}, {big}, bb, 1, 1, 1;"]
+        lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+        text = "\n".join(lines)
+        constraints = ",".join(["=f"] * regs + ["r"] * n_a + ["l", "l", "r"]
+                               + [str(i) for i in range(regs)])
+        result = types.UniTuple(types.float32, regs)
+
+        def codegen(context, builder, sig, llargs):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
+                                 [i32] * n_a + [ir.IntType(64)] * 2 + [i32] + [f32] * regs)
+            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
+            ops = []
+            for x in range(2):          # big, then small: constant indices, kept in registers
+                data = context.make_array(sig.args[x])(context, builder, llargs[x]).data
+                ops += [builder.bitcast(builder.load(builder.gep(
+                    data, [ir.Constant(ir.IntType(64), i)])), i32) for i in range(4 * steps)]
+            zero = ir.Constant(f32, 0.0)
+            res = builder.call(asm, ops + list(llargs[2:4]) + [ir.Constant(i32, 0)]
+                               + [zero] * regs)
+            return context.make_tuple(builder, result, [builder.extract_value(res, i)
+                                                        for i in range(regs)])
+
+        @intrinsic
+        def chained(typingctx, a_big, a_small, b_big, b_small):
+            arrays = (a_big, a_small)
+            if any(not isinstance(a, types.Array) or a.dtype != types.float32 for a in arrays):
+                return None
+            if b_big != types.uint64 or b_small != types.uint64:
+                return None
+            return result(*(a_big, a_small, b_big, b_small)), codegen
+        return chained
+
 
 @functools.lru_cache(maxsize=None)
 def products(n, KA, KB):
@@ -375,9 +427,31 @@ def products(n, KA, KB):
             out2 = tuple(step_3xtf32_parts(sm[a2_big + ka], sm[a2_small + ka],
                                            sm[b2_big + kb], sm[b2_small + kb]))
             return tuple(float32(x) for x in out + out2)
+
+        @cuda.jit(device=True)
+        def chained_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s0, scratch):
+            # modelled as chained2_3xtf32: the exact sum over the steps, rounded once; each
+            # step's A fragments gathered through the scratch as step_3xtf32_regs does
+            warp, lane = (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32
+            r, c = entries(warp, lane)
+            exact = np.zeros(regs)
+            for s in range(CHAIN):
+                for e in range(4):
+                    ra, k = a_fragment_index(e, warp, lane)
+                    sm[scratch + ra * STEP + k] = a_big[4 * s + e]
+                    sm[scratch + 64 * STEP + ra * STEP + k] = a_small[4 * s + e]
+                cuda.syncthreads()
+                ka = scratch + r[:, None] * STEP + np.arange(STEP)
+                kb = core_offset_host(c[:, None], STEP * (s0 + s) + np.arange(STEP), KB)
+                wb = sm[ka].astype(np.float64)
+                exact += (wb * sm[b_big + kb] + wb * sm[b_small + kb]
+                          + sm[64 * STEP + ka].astype(np.float64) * sm[b_big + kb]).sum(-1)
+                cuda.syncthreads()
+            return tuple(float32(x) for x in exact.astype(np.float32))
         return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs,
                     step2_3xtf32=step2_3xtf32, step2_3xtf32_regs=step2_3xtf32_regs,
-                    chained2_3xtf32=chained2_3xtf32, regs=regs)
+                    chained2_3xtf32=chained2_3xtf32, chained_3xtf32_regs=chained_3xtf32_regs,
+                    regs=regs)
 
     smem1, regs1 = _steps_intrinsic(n, ("smem",)), _steps_intrinsic(n, ("regs",))
     smem2, regs2 = _steps_intrinsic(n, ("smem", "smem")), _steps_intrinsic(n, ("regs", "regs"))
@@ -418,6 +492,14 @@ def products(n, KA, KB):
                      descriptor(base, b_small, s, sbo_b), a2_big, a2_small,
                      descriptor(base, b2_big, s, sbo_b), descriptor(base, b2_small, s, sbo_b))
     chain2 = _chained_intrinsic(n, 2, KA // STEP) if KA == KB else None
+    chain_regs = _chained_regs_intrinsic(n, CHAIN)
+
+    @cuda.jit(device=True)
+    def chained_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch):
+        base = shared_address(sm)
+        return chain_regs(a_big, a_small, descriptor(base, b_big, s, sbo_b),
+                          descriptor(base, b_small, s, sbo_b))
+
 
     @cuda.jit(device=True)
     def chained2_3xtf32(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
@@ -429,4 +511,5 @@ def products(n, KA, KB):
                       descriptor(base, b2_big, 0, sbo_b), descriptor(base, b2_small, 0, sbo_b))
     return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs,
                 step2_3xtf32=step2_3xtf32, step2_3xtf32_regs=step2_3xtf32_regs,
-                chained2_3xtf32=chained2_3xtf32, regs=regs)
+                chained2_3xtf32=chained2_3xtf32, chained_3xtf32_regs=chained_3xtf32_regs,
+                regs=regs)
