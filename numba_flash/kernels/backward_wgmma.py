@@ -691,7 +691,8 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
     lean's steps one per wait, ahead 1.04-1.08x paired steps, H200 2026-12-01) where
     `applies` (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator), the two-
     warpgroup kernel of backward_wgmma_wide where 64 < d <= 128 (the same conditions
-    otherwise; with ahead=True, 1.03-1.09x without), the fa2-atomic backward (mma.sync tensor
+    otherwise) with its REGISTERED options (ahead: 1.03-1.09x without; S chained as the
+    registered wide forward chains it), the fa2-atomic backward (mma.sync tensor
     cores in float32) everywhere else, e.g. d > 128, float64, other tiles or another GPU.
     Either way dQ comes from atomics (not bitwise reproducible)."""
     from . import backward_wgmma_wide          # here: that module imports this one
@@ -700,7 +701,8 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
                      group=group, causal=causal, lean=True, paired_steps=True, ahead=True)
     elif backward_wgmma_wide.applies(q.shape[2], q.dtype, block_m, block_n):
         backward_wgmma_wide.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
-                                         heads=heads, group=group, causal=causal, ahead=True)
+                                         heads=heads, group=group, causal=causal,
+                                         **backward_wgmma_wide.REGISTERED)
     else:
         backward_fa2.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                                   heads=heads, group=group, causal=causal, block_m=block_m,

@@ -298,13 +298,15 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
 def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, **options):
     """The registered "wgmma" forward: make_wgmma_kernel(causal, **options) where
     backward_wgmma.applies (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator),
-    forward_wgmma_wide's two-warpgroup kernel where 64 < d <= 128 (128 x 64 tiles, the same
-    conditions otherwise), the fa2 forward (FFMA) everywhere else."""
+    forward_wgmma_wide's two-warpgroup kernel with its REGISTERED options (S and P V chained)
+    where 64 < d <= 128 (128 x 64 tiles, the same conditions otherwise), the fa2 forward
+    (FFMA) everywhere else."""
     from . import forward_wgmma_wide          # here: that module imports this one
     if applies(head_dim, dtype, block_m, block_n):
         return make_wgmma_kernel(bool(causal), **options)
     if forward_wgmma_wide.applies(head_dim, dtype, block_m, block_n):
-        return forward_wgmma_wide.make_wide_kernel(bool(causal), **options)
+        return forward_wgmma_wide.make_wide_kernel(bool(causal),
+                                                   **{**forward_wgmma_wide.REGISTERED, **options})
     return forward_fa2.make_forward_kernel(block_m, block_n, head_dim, causal, dtype)
 
 

@@ -63,6 +63,11 @@ def applies(head_dim, dtype, block_m=BLOCK_M, block_n=BLOCK):
     return SIMULATOR or tuple(cuda.get_current_device().compute_capability) == (9, 0)
 
 
+# what the registered "wgmma" forward runs (forward_wgmma.make_forward_kernel): S and P V chained
+# per CHAIN steps, 1.05-1.16x the steps from zero at N = 1k-8k (H200, 2026-12-02, tests/ab_wide.py)
+REGISTERED = dict(pv_chained=True, s_chained=True)
+
+
 @functools.lru_cache(maxsize=None)
 def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
                      pv_chained=False, s_chained=False):
