@@ -26,6 +26,14 @@
 # defaults' at both head dims, causal or not; at d = 64 it beats torch math at every N ≥ 1024
 # (1.07× at 1024, 1.41× at 8192), at d = 128 it does not (0.77–0.91×) except under causal
 # masking (1.27–1.95×).
+#
+# **And on 2026-12-02** (03:45 UTC, `--mode both`, d = 64 and 128), with the d = 128 pair's
+# products chained in the tensor core per 4 steps (S, P V, dP, dV, dK, dQ): the pair's forward
+# at d = 128 is 1.14–1.19× the fa2 forward (0.99× under causal masking at N = 1024); its
+# forward+backward is 1.10–1.30× the defaults' at both head dims, causal or not; at d = 64 it
+# beats torch math at every N ≥ 1024 (1.06× at 1024, 1.45× at 8192) and torch's efficient
+# backend at 4096 and 8192; at d = 128 it still does not beat torch math (0.76–0.94×) except
+# under causal masking (1.17–2.03×).
 
 # %%
 import json
@@ -44,6 +52,20 @@ def curve(impl, mode, d, causal):
     return sorted((r["N"], r["tflops"]) for r in records[mode] if "tflops" in r
                   and r["N"] <= 16384
                   and (r["impl"], r["mode"], r["d"], r["causal"]) == (impl, mode, d, causal))
+
+
+def plot_row(panels):
+    """One row of TFLOP/s-against-N plots, a panel per (mode, d, causal), every impl found."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(14, 3.2), sharex=True)
+    for ax, (mode, d, causal) in zip(axes, panels):
+        for impl in sorted({r["impl"] for r in records[mode]}):
+            pts = curve(impl, mode, d, causal)
+            if pts:
+                ax.semilogx(*zip(*pts), marker="o", label=impl)
+        ax.set_title(f"{mode} d={d}{' causal' if causal else ''}", fontsize=9)
+    axes[0].set_ylabel("TFLOP/s")
+    axes[len(panels) // 2].legend(fontsize=7)
+    plt.show()
 
 
 # %%
@@ -116,17 +138,7 @@ assert wgmma["environment"]["gpu"] == "NVIDIA H200"
 assert wgmma["environment"]["date"].startswith("2026-12-01")
 records = {"fwd": [r for r in wgmma["records"] if r["mode"] == "fwd"],
            "fwd+bwd": [r for r in wgmma["records"] if r["mode"] == "fwd+bwd"]}
-fig, axes = plt.subplots(1, 4, figsize=(14, 3.2), sharex=True)
-for col, (mode, causal) in enumerate((("fwd", False), ("fwd", True), ("fwd+bwd", False),
-                                      ("fwd+bwd", True))):
-    for impl in sorted({r["impl"] for r in records[mode]}):
-        pts = curve(impl, mode, 64, causal)
-        if pts:
-            axes[col].semilogx(*zip(*pts), marker="o", label=impl)
-    axes[col].set_title(f"{mode} d=64{' causal' if causal else ''}", fontsize=9)
-axes[0].set_ylabel("TFLOP/s")
-axes[2].legend(fontsize=7)
-plt.show()
+plot_row([("fwd", 64, False), ("fwd", 64, True), ("fwd+bwd", 64, False), ("fwd+bwd", 64, True)])
 
 # %%
 pair = "numba-flash wgmma, backward wgmma"
@@ -153,16 +165,7 @@ for d in (64, 128):
     assert late["environment"]["gpu"] == "NVIDIA H200"
     assert late["environment"]["date"].startswith("2026-12-01T23")
     records["fwd+bwd"] += late["records"]
-fig, axes = plt.subplots(1, 4, figsize=(14, 3.2), sharex=True)
-for col, (d, causal) in enumerate(((64, False), (64, True), (128, False), (128, True))):
-    for impl in sorted({r["impl"] for r in records["fwd+bwd"]}):
-        pts = curve(impl, "fwd+bwd", d, causal)
-        if pts:
-            axes[col].semilogx(*zip(*pts), marker="o", label=impl)
-    axes[col].set_title(f"fwd+bwd d={d}{' causal' if causal else ''}", fontsize=9)
-axes[0].set_ylabel("TFLOP/s")
-axes[2].legend(fontsize=7)
-plt.show()
+plot_row([("fwd+bwd", d, c) for d in (64, 128) for c in (False, True)])
 
 # %%
 gain = [r for d in (64, 128) for c in (False, True)
@@ -173,4 +176,35 @@ assert 1.06 < math64[1024] < 1.08 and all(r > 1.06 for r in math64.values()), ma
 assert 0.76 < min(math128.values()) and max(math128.values()) < 0.92, math128
 causal = [r for d in (64, 128) for r in ratios("fwd+bwd", d, True, ours=pair).values()]
 assert 1.26 < min(causal) and max(causal) < 2.9, causal
+
+# %% [markdown]
+# The pair with the d = 128 products chained in the tensor core (2026-12-02, 03:45 UTC),
+# forward and forward+backward.
+
+# %%
+chained = json.loads((base / "bench-h200-2026-12-02-wgmma-chained.json").read_text())
+assert chained["environment"]["gpu"] == "NVIDIA H200"
+assert chained["environment"]["date"].startswith("2026-12-02T03")
+records = {mode: [r for r in chained["records"] if r["mode"] == mode]
+           for mode in ("fwd", "fwd+bwd")}
+plot_row([("fwd", 128, False), ("fwd", 128, True), ("fwd+bwd", 128, False),
+          ("fwd+bwd", 128, True)])
+
+# %%
+fwd128 = {c: ratios("fwd", 128, c, ours="numba-flash wgmma", peer="numba-flash fa2")
+          for c in (False, True)}
+assert all(1.13 < r < 1.2 for r in fwd128[False].values()), fwd128
+assert 0.98 < fwd128[True][1024] < 1 and all(1.15 < fwd128[True][n] < 1.24
+                                             for n in (2048, 4096, 8192)), fwd128
+gain = [r for d in (64, 128) for c in (False, True)
+        for r in ratios("fwd+bwd", d, c, ours=pair, peer="numba-flash fa2").values()]
+assert 1.09 < min(gain) and max(gain) < 1.31, gain
+math64, math128 = (ratios("fwd+bwd", d, False, ours=pair) for d in (64, 128))
+assert 1.05 < math64[1024] < 1.08 and 1.4 < math64[8192] < 1.5, math64
+assert all(r > 1.05 for r in math64.values()), math64
+assert 0.75 < min(math128.values()) and max(math128.values()) < 0.95, math128
+efficient64 = ratios("fwd+bwd", 64, False, ours=pair, peer="torch efficient")
+assert efficient64[4096] > 1 and efficient64[8192] > 1 and efficient64[1024] < 1, efficient64
+causal128 = ratios("fwd+bwd", 128, True, ours=pair).values()
+assert 1.15 < min(causal128) and max(causal128) < 2.1, causal128
 print("claim holds")

@@ -21,7 +21,8 @@ from numba_flash.bench import _median_ms
 from numba_flash.kernels import forward_wgmma, register_forward
 from numba_flash.testing import Case, check_forward
 
-OPTIONS = {"wgmma, unpaired": dict(paired=False),
+OPTIONS = {"wgmma, P V paired steps": dict(pv_chained=False),
+           "wgmma, unpaired": dict(paired=False, pv_chained=False),
            "wgmma, loads 8": dict(loads=8),
            "wgmma, prefetch": dict(prefetch=True)}
 for name, options in OPTIONS.items():

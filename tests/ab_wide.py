@@ -8,6 +8,8 @@ options on a GPU, not a pytest module.
     python tests/ab_wide.py time [PAIR ...]    # forward, backward and forward+backward TFLOP/s
                                               # of each pair, alternating, two rounds, one
                                               # process, d = 128, N = 1k, 2k, 4k, 8k
+    python tests/ab_wide.py ncu [PAIR]         # the pair's forward and backward twice at
+                                              # d = 128, N = 2k, for ncu -k regex:wgmma_wide
 
 A pair is a forward and the backward that recomputes its S bit for bit: "steps" (S in steps
 from zero, as registered before 2026-12-02), "pv chained" (the forward's P V chained in the
@@ -98,10 +100,23 @@ def time_ab(pairs=tuple(PAIRS), d=128, sizes=(1024, 2048, 4096, 8192)):
                       f"{3.5 * flops / (fwd + bwd) / 1e9:.1f} TFLOP/s", flush=True)
 
 
+def for_ncu(pair="chained", d=128, n=2048):
+    rng = np.random.default_rng(0)
+    q, k, v, dout = (cuda.to_device(rng.standard_normal((16384 // n, 2048 // d, n, d),
+                                                        dtype=np.float32)) for _ in range(4))
+    for _ in range(2):
+        out, lse = flash_attention_forward(q, k, v, kernel=f"wide {pair}")
+        flash_attention_backward(dout, q, k, v, out, lse, kernel=f"wide {pair}")
+    cuda.synchronize()
+
+
 if __name__ == "__main__":
     what, names = (sys.argv[1:2] or ["time"])[0], sys.argv[2:]
     if what == "check":
         small = "--small" in names
         names = [n for n in names if n != "--small"]
         sys.exit(check(names or tuple(PAIRS), small))
-    time_ab(names or tuple(PAIRS))
+    elif what == "ncu":
+        for_ncu(*names[:1])
+    else:
+        time_ab(names or tuple(PAIRS))

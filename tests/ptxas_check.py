@@ -39,7 +39,7 @@ BACKWARD_ARGS = (A3, A3, A3, A3, A2, A2, A3, A3, A3, float32, int64, int64)
 def kernels():
     """(label, Python function, argument types) of each kernel to compile."""
     for opts in (dict(), dict(causal=True), dict(paired=False), dict(loads=8),
-                 dict(prefetch=True)):
+                 dict(prefetch=True), dict(pv_chained=True), dict(causal=True, pv_chained=True)):
         kernel, _ = forward_wgmma.make_wgmma_kernel(**{"causal": False, **opts})
         yield f"forward_wgmma {opts}", kernel.kernel.py_func, FORWARD_ARGS
     for opts in (dict(), dict(causal=True), dict(pv_chained=True),

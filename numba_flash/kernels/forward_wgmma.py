@@ -50,13 +50,14 @@ import math
 from numba import cuda, float32
 
 from . import forward_fa2
-from .backward_wgmma import (BLOCK, D_PAD, REGS, STEP_FLOATS, TILE, add, add_in_turn,
+from .backward_wgmma import (BLOCK, CHAIN_A, D_PAD, REGS, STEP_FLOATS, TILE, add, add_in_turn,
                              applies, clear, make_stage, put, simulator_launch)
 from .common import (NEG_INF, SIMULATOR, U, DynamicSharedKernel, inlined_device_function,
                      kernel_jit, kv_head)
 from .fa2_tiles import ALIGN
 from .mma import split_tf32
-from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, products, quad_max, quad_sum
+from .wgmma import (CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, products, quad_max,
+                    quad_sum)
 
 # float offsets of the tiles, each big then small: scale Q, K, V^T permuted
 Q_T, K_T, VT_T = 0, 2 * TILE, 4 * TILE
@@ -67,6 +68,16 @@ NEXT = TILE // WARPGROUP       # a thread's elements of a tile (prefetch)
 # global loads in flight per thread while staging K and V: 16 ran 1.07-1.16x the 8 of the
 # backward's staging (H200, 2026-12-01, tests/ab_forward_wgmma.py); 32 spills (255 registers)
 STAGE_LOADS = 16
+
+
+@inlined_device_function
+def split_p_chain(a_big, a_small, p, s0):
+    """The A fragments of P V's steps s0..s0 + CHAIN, split, into a_big, a_small (step s0 + s's
+    at 4 s..): P's C-fragment entries 4s, 4s + 2, 4s + 1, 4s + 3 against the permuted V^T."""
+    for s in range(CHAIN):
+        for e in range(4):
+            a_big[4 * s + e], a_small[4 * s + e] = split_tf32(p[4 * (s0 + s) + (e % 2) * 2
+                                                                + e // 2])
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,20 +141,27 @@ def finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq):
     return inv0, inv1
 
 
+# what the registered "wgmma" forward runs at d <= 64 (make_forward_kernel)
+REGISTERED = dict(pv_chained=True)
+
+
 @functools.lru_cache(maxsize=None)
-def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
+def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS, pv_chained=False):
     """The kernel: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v, out, lse, scale,
     heads, group) on (B*H, N, d) float32 device arrays, d <= 64 (the registry's contract).
     prefetch: the next K and V tiles are loaded into registers (2 x 32 per thread) while this
     one is computed, and split into shared memory after the barrier; False: each tile is
     loaded and staged after the barrier (its loads' latency in series with the compute).
     paired: two steps of a product per tensor-core wait (each from zero, added in step order:
-    the same sums, half the round trips). loads: global loads in flight while staging."""
-    PREFETCH, PAIRED = prefetch, paired
+    the same sums, half the round trips). loads: global loads in flight while staging.
+    pv_chained: P V as two products of CHAIN steps chained in the tensor core (2 waits instead
+    of 4 paired; forward_wgmma_wide's pv_chained); S is untouched."""
+    PREFETCH, PAIRED, PV_CHAINED = prefetch, paired, pv_chained
     stage_k, fetch_k = make_stage(False, loads=loads)
     stage_vt, fetch_vt = make_stage(True, permuted=True, loads=loads)
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
+    chained_regs = prod["chained_3xtf32_regs"]
     online_softmax = make_online_softmax(causal)
     uBM = U(BLOCK)
 
@@ -191,6 +209,13 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
             add(o_acc, step_regs(sm, a_big, a_small, U(VT_T), U(VT_T + TILE), s,
                                  U(SCRATCH_AT)))
 
+    @inlined_device_function
+    def pv_chain(sm, o_acc, p, a_big, a_small, s0):
+        """o_acc += steps s0..s0 + CHAIN of P V, chained in the tensor core (one wait)."""
+        split_p_chain(a_big, a_small, p, s0)
+        add(o_acc, chained_regs(sm, a_big, a_small, U(VT_T), U(VT_T + TILE), s0,
+                                U(SCRATCH_AT)))
+
     @kernel_jit(WARPGROUP)
     def forward_wgmma(q, k, v, out, lse, scale, heads, group):
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
@@ -213,6 +238,8 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
         alpha = cuda.local.array(2, float32)             # exp(m_old - m_new)
         k_next = cuda.local.array(NEXT, float32)         # prefetch: the next K/V tiles
         v_next = cuda.local.array(NEXT, float32)
+        a_big = cuda.local.array(CHAIN_A, float32)       # pv_chained: P's A fragments, split
+        a_small = cuda.local.array(CHAIN_A, float32)
         # scale Q, staged once as big and small parts; its A fragments are read from there
         stage_k(sm, U(Q_T), q, bh, row0, U(0), d, scale)
         q_at = U(Q_T) + warp * U(1024) + lane     # core_offset(row, t4, 64): see q_fragment
@@ -269,18 +296,22 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
             # O += P V: P's C fragment is the A fragment against the permuted V^T. Written out
             # with constant s: LLVM does not unroll a loop that holds a wgmma, and P (indexed
             # by the step) then lived in local memory (384 bytes of stack; common.py)
-            pv_steps(sm, o_acc, s_acc, 0)
-            if not PAIRED:
-                pv_steps(sm, o_acc, s_acc, 1)
-            pv_steps(sm, o_acc, s_acc, 2)
-            if not PAIRED:
-                pv_steps(sm, o_acc, s_acc, 3)
-            pv_steps(sm, o_acc, s_acc, 4)
-            if not PAIRED:
-                pv_steps(sm, o_acc, s_acc, 5)
-            pv_steps(sm, o_acc, s_acc, 6)
-            if not PAIRED:
-                pv_steps(sm, o_acc, s_acc, 7)
+            if PV_CHAINED:
+                pv_chain(sm, o_acc, s_acc, a_big, a_small, 0)
+                pv_chain(sm, o_acc, s_acc, a_big, a_small, CHAIN)
+            else:
+                pv_steps(sm, o_acc, s_acc, 0)
+                if not PAIRED:
+                    pv_steps(sm, o_acc, s_acc, 1)
+                pv_steps(sm, o_acc, s_acc, 2)
+                if not PAIRED:
+                    pv_steps(sm, o_acc, s_acc, 3)
+                pv_steps(sm, o_acc, s_acc, 4)
+                if not PAIRED:
+                    pv_steps(sm, o_acc, s_acc, 5)
+                pv_steps(sm, o_acc, s_acc, 6)
+                if not PAIRED:
+                    pv_steps(sm, o_acc, s_acc, 7)
             n0 += uBM
 
         # O / l and lse = m + log l
@@ -296,14 +327,15 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS):
 
 
 def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, **options):
-    """The registered "wgmma" forward: make_wgmma_kernel(causal, **options) where
+    """The registered "wgmma" forward: make_wgmma_kernel(causal) with its REGISTERED options
+    (and **options over them) where
     backward_wgmma.applies (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator),
     forward_wgmma_wide's two-warpgroup kernel with its REGISTERED options (S and P V chained)
     where 64 < d <= 128 (128 x 64 tiles, the same conditions otherwise), the fa2 forward
     (FFMA) everywhere else."""
     from . import forward_wgmma_wide          # here: that module imports this one
     if applies(head_dim, dtype, block_m, block_n):
-        return make_wgmma_kernel(bool(causal), **options)
+        return make_wgmma_kernel(bool(causal), **{**REGISTERED, **options})
     if forward_wgmma_wide.applies(head_dim, dtype, block_m, block_n):
         return forward_wgmma_wide.make_wide_kernel(bool(causal),
                                                    **{**forward_wgmma_wide.REGISTERED, **options})

@@ -42,7 +42,7 @@ from .backward_wgmma_wide import D_WIDE, HALF, THREADS
 from .common import (NEG_INF, SIMULATOR, U, DynamicSharedKernel, inlined_device_function,
                      kernel_jit, kv_head)
 from .fa2_tiles import ALIGN
-from .forward_wgmma import STAGE_LOADS, finish_rows, make_online_softmax
+from .forward_wgmma import STAGE_LOADS, finish_rows, make_online_softmax, split_p_chain
 from .mma import split_tf32
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
@@ -142,10 +142,7 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
     def pv_chained(sm, o0, o1, p, p_big, p_small, s0, scratch):
         """O += steps s0..s0 + CHAIN of P V, each half one product chained in the tensor core;
         P's A fragments (as pv_step takes them) split into p_big, p_small first."""
-        for s in range(CHAIN):
-            for e in range(4):          # C-fragment entries 4s, 4s + 2, 4s + 1, 4s + 3
-                p_big[4 * s + e], p_small[4 * s + e] = split_tf32(
-                    p[4 * (s0 + s) + (e % 2) * 2 + e // 2])
+        split_p_chain(p_big, p_small, p, s0)
         add(o0, chained_regs(sm, p_big, p_small, U(VT_T), U(VT_T + TILE), s0, scratch))
         add(o1, chained_regs(sm, p_big, p_small, U(VT_T + HALF), U(VT_T + HALF + TILE), s0,
                              scratch))
