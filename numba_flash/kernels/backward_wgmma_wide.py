@@ -1,7 +1,9 @@
 """Backward on Hopper warpgroup products (wgmma, sm_90a) for head dims 65..128: float32,
 64 x 64 tiles, two warpgroups (256 threads) per K/V block of 64 rows. The "wgmma" backward runs
-it where 64 < d <= 128 (backward_wgmma.run_or_fallback); the lean kernel of backward_wgmma.py
-covers d <= 64 with one warpgroup. Every product is 3xTF32 (wgmma.py), two steps per wait.
+it where 64 < d <= 128 (backward_wgmma.run_or_fallback) with its REGISTERED options; the lean
+kernel of backward_wgmma.py covers d <= 64 with one warpgroup. Every product is 3xTF32
+(wgmma.py), two steps per wait, or (registered: s_chained, w_chained) chained in the tensor
+core per CHAIN = 4 steps, S as the registered wide forward chains it.
 
 Why two warpgroups. At d = 128 one warpgroup would hold dK^T and dV^T (128 x 64 each: 64
 registers per thread apiece) beside S and dP, more than 255 registers; and K and V alone, as
@@ -34,7 +36,11 @@ processes. 242 registers (252 with ahead), no local memory. Within the tolerance
 GPU case with 64 < d <= 128 and at N = 2k, after the fa2 forward and after the wide wgmma
 forward (tests/test_backward_wgmma.py, test_forward_wgmma.py), in `numba-flash verify`;
 memcheck 0 errors and racecheck 0 hazards (tests/sanitize.py wgmma; with ahead, tests/ab_wgmma.py
-check).
+check). Chained (2026-12-02, tests/ab_wide.py): 25.6-26.7 / 30.7-31.0 / 35.0-35.3 / 33.6-33.9
+TFLOP/s at N = 1k-8k against 26.3-26.9 / 30.6-30.7 / 33.8-34.2 / 34.0-34.1 with steps (a tie;
+254 registers), registered because S must be chained as the faster chained forward forms it;
+every check within tolerance, memcheck and racecheck clean. Nsight Compute (N = 2k): issue
+slots 32 % busy, 0.39 of 2 warps per scheduler eligible: latency-bound (perf notes, version 16).
 """
 
 import functools

@@ -1,14 +1,16 @@
 """Forward on Hopper warpgroup products (wgmma, sm_90a) for head dims 65..128: float32, two
 warpgroups (256 threads) per block of 128 query rows, each warpgroup its own 64 rows against the
 block's shared K and V tiles of 64 keys. The "wgmma" forward runs it where 64 < d <= 128
-(forward_wgmma.make_forward_kernel); both products are 3xTF32, one step per tensor-core wait
-(make_wide_kernel says why).
+(forward_wgmma.make_forward_kernel) with its REGISTERED options: both products 3xTF32, chained
+in the tensor core per CHAIN = 4 steps (make_wide_kernel's s_chained, pv_chained; one step per
+wait without them).
 
 S is formed exactly as backward_wgmma_wide forms it, so that the "wgmma" backward recomputes P
 bit for bit (the reason forward_wgmma gives): A = scale Q as register fragments read from global
 memory and split by the same function (backward_wgmma.make_global_fragment), B = K staged as
-its two 64-column halves by the same `stage`, the same 16 steps from zero added in step order
-(the backward waits once per two steps, this kernel once per step: the same sums).
+its two 64-column halves by the same `stage`; with s_chained the same four chained products of
+4 steps added in order (the registered pair), without it the same 16 steps from zero added in
+step order (the backward waits once per two steps, this kernel once per step: the same sums).
 
 Per warpgroup (rows i), over K/V blocks (rows j), the online softmax of forward_wgmma:
   S = (scale Q) K^T,  m_new = max(m, rowmax S),  P = exp(S - m_new),
@@ -19,7 +21,8 @@ P V as two m64n64 products per step (one wait each), A = P straight from S's acc
 parts, fill 128 KiB; Q's 64 KiB per warpgroup would not fit, and its 32 KiB of float32 rows
 per warpgroup are re-read from L1 / L2 per K/V block.
 
-Shared memory: 128 KiB, one block (8 warps) per SM; 208 registers (causal 205).
+Shared memory: 128 KiB, one block (8 warps) per SM; 208 registers (causal 205); registered
+(chained) 255, with 16 bytes of spills under causal.
 
 Measured on an H200 (2026-12-01, numba-flash bench --d 128; notebooks/data/bench-h200-2026-12-01-
 wgmma-d128.json): 30.2 / 31.4 / 34.6 / 35.4 TFLOP/s at N = 1k / 2k / 4k / 8k, the fa2 forward
@@ -27,7 +30,11 @@ wgmma-d128.json): 30.2 / 31.4 / 34.6 / 35.4 TFLOP/s at N = 1k / 2k / 4k / 8k, th
 the tolerance rule on every GPU case with 64 < d <= 128 (tests/test_forward_wgmma.py), in
 `numba-flash verify` and the gpu-profile properties; memcheck and racecheck clean
 (tests/sanitize.py wgmma). Its S steps go one per wait (16 waits, and 16 for P V's halves, per
-K/V block, against 8 in all at d = 64): what pairing would save, ptxas spilled.
+K/V block, against 8 in all at d = 64): what pairing would save, ptxas spilled. Chained per
+4 steps (2026-12-02, tests/ab_wide.py; notebooks/data/wgmma-chained-h200-2026-12-02.txt): 4 + 4
+waits per K/V block, 1.05-1.16x the steps (29.4-31.0 / 35.1-35.5 / 37.3-37.5 / 38.6-38.9 TFLOP/s
+at N = 1k-8k in the A/B; bench 31.8 / 33.5 / 36.8 / 39.2), every check within tolerance,
+memcheck and racecheck clean.
 """
 
 import functools

@@ -31,8 +31,13 @@ float offsets into the shared array sm (multiples of 32):
     chained2_3xtf32(sm, <eight operands>)
         two whole products (KA // 8 steps each), chained in the tensor core's accumulators,
         one wait.
-Kernels add the steps of step_* in float32 themselves; chaining in the accumulator costs some
-accuracy (below).
+    chained_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch)
+        steps s..s + CHAIN of one product with A from registers (a_big, a_small: local arrays
+        of 4 CHAIN float32, step s + c's fragment at 4 c..), chained in one fresh accumulator,
+        one wait: what the registered wide pair and the d <= 64 forward's P V use (perf notes,
+        version 16).
+Kernels add the steps of step_* (or the chained sums) in float32 themselves; chaining in the
+accumulator costs some accuracy (below).
 
 On an H200 (2026-11-29 and -30, tests/wgmma_probe.py, tests/test_wgmma.py): the layout and
 descriptor fields give A B^T exactly on TF32 inputs, A from registers too; wgmma m64n128k8 TF32
@@ -91,7 +96,9 @@ def a_fragment_index(e, warp, lane):
 
 
 SCRATCH = 2 * 64 * STEP   # floats of shared memory step_3xtf32_regs needs on the simulator
-CHAIN = 4                 # steps of one chained_3xtf32_regs product
+# steps of one chained_3xtf32_regs product: 4 keeps the wide forward's A fragments and fresh
+# accumulator in registers (with 8 it spilled, and under causal ptxas serialized the wgmma)
+CHAIN = 4
 
 
 # Row reductions over a quad (lanes 4g..4g+3 hold the same two rows of a C fragment): warp
