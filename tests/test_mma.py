@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 from numba import cuda
 
+import numba_flash
+
 from numba_flash.kernels.mma import TF32_DROPPED_BITS, round_tf32_host, split_tf32
 
 LOW = np.uint32((1 << TF32_DROPPED_BITS) - 1)
@@ -25,6 +27,30 @@ def test_round_tf32_host_rounds_to_nearest_ties_away():
     special = np.array([np.inf, -np.inf, 0.0, -0.0], np.float32)
     np.testing.assert_array_equal(round_tf32_host(special), special)
     assert np.isnan(round_tf32_host(np.float32(np.nan)))
+
+
+@pytest.mark.skipif(not numba_flash.SIMULATOR, reason="the simulator's scalar round_tf32")
+def test_simulator_round_tf32_gives_the_host_models_bits():
+    """The simulator's scalar round_tf32 (plain Python bit arithmetic, for speed) against the
+    NumPy model it replaces, bit for bit: random bit patterns (every exponent, NaNs with
+    payloads, infinities, subnormals), Python floats, and values past float32's range."""
+    import warnings
+    from numba_flash.kernels.mma import round_tf32
+    rng = np.random.default_rng(0)
+    bits = np.concatenate([rng.integers(0, 2 ** 32, 50_000, dtype=np.uint64).astype(np.uint32),
+                           np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000,
+                                     0x7F800001, 0xFFC00001, 0x7F7FFFFF, 0x7F7FF000, 1, 0xFFF,
+                                     0x1000], np.uint32)])
+    x = bits.view(np.float32)
+    got = np.array([round_tf32(v) for v in x], np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32), round_tf32_host(x).view(np.uint32))
+    floats = [float(v) for v in rng.standard_normal(2000) * 1e3] + [1e39, -1e39, 3.4028236e38]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # NumPy's overflow warning for 1e39
+        want = np.array([round_tf32_host(np.float32(v)) for v in floats], np.float32)
+        got = np.array([round_tf32(v) for v in floats], np.float32)
+        assert all(type(round_tf32(v)) is np.float32 for v in (1.5, np.float32(2.5), 1e39))
+    np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
 @cuda.jit

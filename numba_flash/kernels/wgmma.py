@@ -47,11 +47,13 @@ accumulator 5.3-19; A B^T is not always bitwise (B A^T)^T (2 of 4096 entries dif
 
 On the simulator (no warpgroup-wide instructions) each thread computes its own entries from the
 shared array with reference.precision.step_3xtf32_parts, the same model as fa2_mma's; a register
-A operand goes through `SCRATCH` floats of shared memory at `scratch` there (unused on a GPU).
+A operand goes through `SCRATCH` floats of shared memory at `scratch` there (unused on a GPU),
+one barrier per product, pair of products or chain (see GATHER).
 The chained products are modelled as one exact sum rounded once, not the tensor core's chain.
 """
 
 import functools
+import threading
 
 import numpy as np
 from numba import cuda, float32, types, uint32, uint64
@@ -95,26 +97,43 @@ def a_fragment_index(e, warp, lane):
     return warp * 16 + g + 8 * (e % 2), t + 4 * (e // 2)
 
 
-SCRATCH = 2 * 64 * STEP   # floats of shared memory step_3xtf32_regs needs on the simulator
 # steps of one chained_3xtf32_regs product: 4 keeps the wide forward's A fragments and fresh
 # accumulator in registers (with 8 it spilled, and under causal ptxas serialized the wgmma)
 CHAIN = 4
 
+# The simulator's exchanges between a warpgroup's threads (it has no warp-wide instructions):
+# each thread writes its part into shared memory at `scratch`, one barrier, each reads what it
+# needs. Two buffers of each kind, taken in turn by every thread, make a second barrier (before
+# the next write) unnecessary: a thread rewrites a buffer two exchanges later, past the barrier
+# of the exchange between, which no thread passes before every thread has done its reads of
+# this one. A barrier costs ~6 ms of 128 simulated threads (17 ms of 256), the NumPy model of a
+# step ~0.003 ms a thread, so barriers were most of a simulated wgmma kernel's time.
+GATHER = CHAIN * 2 * 64 * STEP   # floats: up to CHAIN steps' register A fragments, big and small
+QUAD = WARPGROUP                 # floats: one value a thread
+SCRATCH = 2 * GATHER + 2 * QUAD  # floats of shared memory a warpgroup's exchanges need there
+
 
 # Row reductions over a quad (lanes 4g..4g+3 hold the same two rows of a C fragment): warp
-# shuffles on a GPU; the simulator has none, so there the quad's values go through
-# sm[at:at + 128] between two barriers (every thread of the block must call it). The order of
-# the additions is the same both ways: (x0 + x1) + (x2 + x3), in any thread.
+# shuffles on a GPU; the simulator has none, so there the quad's values go through shared
+# memory (every thread of the block must call it). The order of the additions is the same both
+# ways: (x0 + x1) + (x2 + x3), in any thread.
 if SIMULATOR:
+    _turns = threading.local()
+
+    def _buffer(kind):
+        """0, 1, 0, 1, ...: this thread's next buffer of `kind` (a new block, new threads)."""
+        n = getattr(_turns, kind, 0)
+        setattr(_turns, kind, n + 1)
+        return n % 2
+
     @cuda.jit(device=True)
     def _quad_values(sm, at, x):
         tid = cuda.threadIdx.x % WARPGROUP
-        sm[at + tid] = x
+        base = at + 2 * GATHER + _buffer("quad") * QUAD
+        sm[base + tid] = x
         cuda.syncthreads()
-        b = at + tid - tid % 4
-        x0, x1, x2, x3 = sm[b], sm[b + 1], sm[b + 2], sm[b + 3]
-        cuda.syncthreads()
-        return x0, x1, x2, x3
+        b = base + tid - tid % 4
+        return sm[b], sm[b + 1], sm[b + 2], sm[b + 3]
 
     @cuda.jit(device=True)
     def quad_max(sm, at, x):
@@ -391,23 +410,47 @@ def products(n, KA, KB):
                                     sm[b_small + kb])
             return tuple(float32(x) for x in out)
 
+        def gather(sm, scratch, fragments):
+            """The warpgroup's register A fragments, one (big, small) pair of 4-entry
+            sequences per step, into one of the two gather buffers at sm[scratch:] (step x's
+            64 rows x 8 at x * 1024, big then small); one barrier; returns where."""
+            warp, lane = (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32
+            at = scratch + _buffer("gather") * GATHER
+            for x, (big, small) in enumerate(fragments):
+                for e in range(4):
+                    r, k = a_fragment_index(e, warp, lane)
+                    sm[at + x * 2 * 64 * STEP + r * STEP + k] = big[e]
+                    sm[at + x * 2 * 64 * STEP + 64 * STEP + r * STEP + k] = small[e]
+            cuda.syncthreads()
+            return at
+
+        @functools.lru_cache(maxsize=None)
+        def step_indices(warp, lane, s):
+            """(ka, kb): the thread's A rows in a gathered step, its B entries of step s (index
+            arrays, regs x 8, computed once per thread and step: they were a tenth of the
+            model's time)."""
+            r, c = entries(warp, lane)
+            return (r[:, None] * STEP + np.arange(STEP),
+                    core_offset_host(c[:, None], STEP * s + np.arange(STEP), KB))
+
+        def exact_step(sm, at, x, b_big, b_small, s):
+            """The thread's entries of step s against B, A = gathered step x, exact (float64)."""
+            ka, kb = step_indices((cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32,
+                                  int(s))
+            ka = ka + (at + x * 2 * 64 * STEP)
+            wb = sm[ka].astype(np.float64)
+            return (wb * sm[b_big + kb] + wb * sm[b_small + kb]
+                    + sm[64 * STEP + ka].astype(np.float64) * sm[b_big + kb]).sum(-1)
+
+        def rounded(exact):
+            """float32 entries of an exact sum as a tuple (what the tensor core returns)."""
+            return tuple(exact.astype(np.float32))
+
         @cuda.jit(device=True)
         def step_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch):
-            # the warpgroup's A fragments, gathered through sm[scratch:scratch + SCRATCH]
-            # (64 rows x 8, big then small) so that each thread can model its own entries
-            warp, lane = (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32
-            for e in range(4):
-                r, k = a_fragment_index(e, warp, lane)
-                sm[scratch + r * STEP + k] = a_big[e]
-                sm[scratch + 64 * STEP + r * STEP + k] = a_small[e]
-            cuda.syncthreads()
-            r, c = entries(warp, lane)
-            ka = scratch + r[:, None] * STEP + np.arange(STEP)
-            kb = core_offset_host(c[:, None], STEP * s + np.arange(STEP), KB)
-            out = step_3xtf32_parts(sm[ka], sm[64 * STEP + ka], sm[b_big + kb],
-                                    sm[b_small + kb])
-            cuda.syncthreads()
-            return tuple(float32(x) for x in out)
+            # step_3xtf32_parts' sums: exact, rounded once
+            at = gather(sm, scratch, ((a_big, a_small),))
+            return rounded(exact_step(sm, at, 0, b_big, b_small, s))
 
         @cuda.jit(device=True)
         def step2_3xtf32(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
@@ -418,8 +461,9 @@ def products(n, KA, KB):
         @cuda.jit(device=True)
         def step2_3xtf32_regs(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
                               b2_small, s, scratch):
-            return (step_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch)
-                    + step_3xtf32_regs(sm, a2_big, a2_small, b2_big, b2_small, s, scratch))
+            at = gather(sm, scratch, ((a_big, a_small), (a2_big, a2_small)))
+            return rounded(np.concatenate((exact_step(sm, at, 0, b_big, b_small, s),
+                                           exact_step(sm, at, 1, b2_big, b2_small, s))))
         @cuda.jit(device=True)
         def chained2_3xtf32(sm, a_big, a_small, b_big, b_small, a2_big, a2_small, b2_big,
                             b2_small):
@@ -437,24 +481,11 @@ def products(n, KA, KB):
 
         @cuda.jit(device=True)
         def chained_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s0, scratch):
-            # modelled as chained2_3xtf32: the exact sum over the steps, rounded once; each
-            # step's A fragments gathered through the scratch as step_3xtf32_regs does
-            warp, lane = (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32
-            r, c = entries(warp, lane)
-            exact = np.zeros(regs)
-            for s in range(CHAIN):
-                for e in range(4):
-                    ra, k = a_fragment_index(e, warp, lane)
-                    sm[scratch + ra * STEP + k] = a_big[4 * s + e]
-                    sm[scratch + 64 * STEP + ra * STEP + k] = a_small[4 * s + e]
-                cuda.syncthreads()
-                ka = scratch + r[:, None] * STEP + np.arange(STEP)
-                kb = core_offset_host(c[:, None], STEP * (s0 + s) + np.arange(STEP), KB)
-                wb = sm[ka].astype(np.float64)
-                exact += (wb * sm[b_big + kb] + wb * sm[b_small + kb]
-                          + sm[64 * STEP + ka].astype(np.float64) * sm[b_big + kb]).sum(-1)
-                cuda.syncthreads()
-            return tuple(float32(x) for x in exact.astype(np.float32))
+            # modelled as chained2_3xtf32: the exact sum over the steps, rounded once
+            at = gather(sm, scratch, [(a_big[4 * s:4 * s + 4], a_small[4 * s:4 * s + 4])
+                                      for s in range(CHAIN)])
+            return rounded(sum(exact_step(sm, at, s, b_big, b_small, s0 + s)
+                               for s in range(CHAIN)))
         return dict(step_3xtf32=step_3xtf32, step_3xtf32_regs=step_3xtf32_regs,
                     step2_3xtf32=step2_3xtf32, step2_3xtf32_regs=step2_3xtf32_regs,
                     chained2_3xtf32=chained2_3xtf32, chained_3xtf32_regs=chained_3xtf32_regs,
