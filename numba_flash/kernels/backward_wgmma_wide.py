@@ -170,7 +170,8 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False):
             while m0 < nq:
                 i0, i1 = m0 + row, m0 + row + U(8)
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
-                # 1. S (wg 0) or dP (wg 1): 16 steps, 8 per column half, two per wait
+                # 1. S (wg 0) or dP (wg 1): 16 steps, 8 per column half, two per wait, or
+                # (S_CHAINED) four chained products of 4 steps (the loop below then runs none)
                 clear(acc)
                 if S_CHAINED:   # four chained products of CHAIN steps, 2 per column half
                     if AHEAD:

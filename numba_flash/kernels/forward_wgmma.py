@@ -142,8 +142,8 @@ def finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq):
     return inv0, inv1
 
 
-# what the registered "wgmma" forward runs at d <= 64 (make_forward_kernel): P V chained, 1.00-1.04x
-# its paired steps (H200, 2026-12-02, tests/ab_forward_wgmma.py; 168 registers)
+# what the registered "wgmma" forward runs at d <= 64 (make_forward_kernel): P V chained,
+# 1.00-1.04x its paired steps (H200, 2026-12-02, tests/ab_forward_wgmma.py; 168 registers)
 REGISTERED = dict(pv_chained=True)
 
 

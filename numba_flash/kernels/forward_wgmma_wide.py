@@ -84,11 +84,11 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
     P V's two halves, per tensor-core wait (the same sums either way; S stays bitwise the
     backward's, whose steps are paired). Off by default: ptxas (sm_90a, CUDA 13.0,
     tests/ptxas_check.py) gives 208 registers (causal 205) with neither, and 255 registers
-    with spills (8 to 580 bytes) with either one. pv_chained: each half of P V as one product
-    of 8 steps chained in the tensor core's accumulator from zero (wgmma chained_3xtf32_regs),
-    then added into O: two waits per K/V block instead of 16, at the accuracy of a chained
-    sum over the block's 64 keys (wgmma.py); S is untouched. s_chained: S in four products
-    of CHAIN steps chained in the tensor core (4 waits instead of 16), as
+    with spills (8 to 580 bytes) with either one. pv_chained: each half of P V as two products
+    of CHAIN steps chained in the tensor core's accumulator from zero (wgmma
+    chained_3xtf32_regs), each then added into O: 4 waits per K/V block instead of 16, at the
+    accuracy of a chained sum over 32 keys (wgmma.py); S is untouched. s_chained: S in four
+    products of CHAIN steps chained in the tensor core (4 waits instead of 16), as
     backward_wgmma_wide.make_wide_kernel(s_chained=True) forms it, the backward that then
     recomputes it bit for bit."""
     stage_k, _ = make_stage(False, loads=loads, per_warpgroup=True)
@@ -146,7 +146,7 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
                               scratch))
 
     @inlined_device_function
-    def pv_chained(sm, o0, o1, p, p_big, p_small, s0, scratch):
+    def pv_chain(sm, o0, o1, p, p_big, p_small, s0, scratch):
         """O += steps s0..s0 + CHAIN of P V, each half one product chained in the tensor core;
         P's A fragments (as pv_step takes them) split into p_big, p_small first."""
         split_p_chain(p_big, p_small, p, s0)
@@ -236,8 +236,8 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
             # O += P V, written out with constant steps (forward_wgmma: a loop holding a wgmma
             # is not unrolled, and P, indexed by the step, would live in local memory)
             if PV_CHAINED:
-                pv_chained(sm, o0, o1, s_acc, a_big, a_small, 0, scratch)
-                pv_chained(sm, o0, o1, s_acc, a_big, a_small, CHAIN, scratch)
+                pv_chain(sm, o0, o1, s_acc, a_big, a_small, 0, scratch)
+                pv_chain(sm, o0, o1, s_acc, a_big, a_small, CHAIN, scratch)
             else:
                 pv_step(sm, o0, o1, s_acc, 0, scratch)
                 pv_step(sm, o0, o1, s_acc, 1, scratch)
