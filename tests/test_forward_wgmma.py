@@ -4,11 +4,15 @@ several K/V blocks (the online softmax's rescaling), on the simulator and on a G
 forward where it does not apply. The registry-wide tests (test_kernels, test_properties,
 verify) cover the single-block simulator cases."""
 
+import functools
+
 import numpy as np
 import pytest
 
 from numba_flash import flash_attention_backward, flash_attention_forward
-from numba_flash.kernels import forward_fa2, forward_wgmma, forward_wgmma_wide
+from numba_flash.kernels import (BACKWARD, FORWARD, backward_wgmma_wide, forward_fa2,
+                                 forward_wgmma, forward_wgmma_wide, register_backward,
+                                 register_forward)
 from numba_flash.kernels.common import SIMULATOR
 from numba_flash.testing import (GPU_CASES, SIMULATOR_CASES, Case, assert_within_tolerance,
                                  check_backward, check_forward)
@@ -98,6 +102,32 @@ LOGITS_1E3 = [next(c for c in (SIMULATOR_CASES if SIMULATOR else GPU_CASES)
               # the wide pair (64 < d <= 128)
               Case("d = 100, logits x1e3", 1, 1, 1, 17, 17, 100, logit_scale=1e3) if SIMULATOR
               else Case("d = 128, logits x1e3", 1, 2, 2, 256, 256, 128, logit_scale=1e3)]
+
+
+@pytest.fixture
+def wide_steps_pair():
+    """The wide pair with S in steps from zero (make_wide_kernel's defaults; the registered pair
+    chains S), registered for one test as forward and backward "wide steps (test)"."""
+    name = "wide steps (test)"
+    register_forward(name, lambda bm, bn, d, causal, dtype:
+                     forward_wgmma_wide.make_wide_kernel(bool(causal)),
+                     forward_wgmma.default_blocks_or_fallback)
+    register_backward(name, functools.partial(backward_wgmma_wide.run_backward, ahead=True),
+                      lambda d, dtype: (64, 64), forward=name)
+    yield name
+    del FORWARD[name], BACKWARD[name]
+
+
+def test_wide_steps_pair_recomputes_p_exactly(wide_steps_pair):
+    """The unchained wide pair (the A/B baseline of tests/ab_wide.py) forms S alike in both
+    passes too: within tolerance, and dv at logits x1e3 far under its allowance."""
+    case = Case("d = 100, logits x1e3", 1, 1, 1, 17, 17, 100, logit_scale=1e3)
+    q, k, v, dout = case.inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, kernel=wide_steps_pair)
+    grads = flash_attention_backward(dout, q, k, v, out, lse, kernel=wide_steps_pair)
+    rows = check_backward(dout, q, k, v, *grads)
+    assert_within_tolerance(check_forward(q, k, v, out, lse) + rows, f"wide steps {case}")
+    assert rows[2].max_err < 1e-4 * rows[2].allowed, rows[2]
 
 
 @pytest.mark.parametrize("case", LOGITS_1E3, ids=lambda c: c.name)
