@@ -42,13 +42,20 @@ def step_3xtf32(w, x):
     return step_3xtf32_parts(*split_tf32(w), *split_tf32(x))
 
 
-def step_3xtf32_parts(w_big, w_small, x_big, x_small):
-    """step_3xtf32 of inputs already split (TF32 values in float32 arrays, as a kernel stages
-    them once): big_w big_x + big_w small_x + small_w big_x over the last axis, the products
-    exact, summed in float64 and rounded once to float32."""
+def step_3xtf32_exact(w_big, w_small, x_big, x_small):
+    """big_w big_x + big_w small_x + small_w big_x over the last axis of inputs already split
+    (TF32 values in float32 arrays), the products exact, summed in float64, not rounded: what
+    step_3xtf32_parts rounds once, and what a model of steps chained in the tensor core adds up
+    before rounding once (numba_flash/kernels/wgmma.py)."""
     wb = np.asarray(w_big, dtype=np.float64)
     exact = wb * x_big + wb * x_small + np.asarray(w_small, dtype=np.float64) * x_big
-    return exact.sum(axis=-1).astype(np.float32)
+    return exact.sum(axis=-1)
+
+
+def step_3xtf32_parts(w_big, w_small, x_big, x_small):
+    """step_3xtf32 of inputs already split (TF32 values in float32 arrays, as a kernel stages
+    them once): step_3xtf32_exact rounded once to float32."""
+    return step_3xtf32_exact(w_big, w_small, x_big, x_small).astype(np.float32)
 
 
 def matmul_3xtf32(a, b, step=TF32_STEP):

@@ -37,10 +37,10 @@ if SIMULATOR:
 
     # plain functions: no lock per call (common.device_function). round_tf32_host's bit
     # arithmetic on one scalar, in plain Python: 0.6 us a call where the NumPy array path took
-    # 5-6 (it was half of a simulated wgmma kernel's time); the same bits for every float32 and
-    # Python float (checked against round_tf32_host on 200k random bit patterns). NaN, whose
-    # payload a trip through a Python float could change, and |x| beyond float32 take the
-    # array path.
+    # 5-6 (it was half of a simulated wgmma kernel's busy time); the same bits as
+    # round_tf32_host (tests/test_mma.py compares 50k random bit patterns and Python floats).
+    # NaN, whose payload a trip through a Python float could change, and |x| beyond float32
+    # take the array path.
     def round_tf32(x):
         if x != x:
             return np.float32(round_tf32_host(np.float32(x))[()])
