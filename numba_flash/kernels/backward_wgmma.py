@@ -526,7 +526,7 @@ def make_accumulate_w_chained(ahead):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_kernel(causal, paired_steps=False, ahead=False):
+def make_lean_kernel(causal, paired_steps=False, ahead=False, rotate=False):
     """make_dkdv_kernel's kernel with 96 KiB of shared memory (two blocks per SM): K and V staged,
     every A operand read from global memory (Q, dO and their transposes) or from the K tile (K^T)
     into registers, and one 64 x 64 tile that holds P^T for dV^T += dO^T P, then dS^T for
@@ -535,8 +535,9 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False):
     paired_steps: dV^T, dK^T and dQ^T two steps per tensor-core wait (each from zero, added in
     step order: the same sums). ahead (with paired_steps): the A fragments from global memory
     loaded a step (S, dP) or a pair of steps (dV^T, dK^T) before their product, as
-    backward_wgmma_wide's ahead (the same values)."""
-    PAIRED_STEPS, AHEAD = paired_steps, ahead and paired_steps
+    backward_wgmma_wide's ahead (the same values). rotate: backward_wgmma_wide's (each K/V block
+    starts at another Q block)."""
+    PAIRED_STEPS, AHEAD, ROTATE = paired_steps, ahead and paired_steps, rotate
     elements = make_global_fragment(False, split=False)
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
@@ -577,8 +578,11 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False):
         cuda.syncthreads()
         for g in range(group):
             bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
-            m0 = m_start
-            while m0 < nq:
+            blocks = (nq - m_start + uBM - U(1)) // uBM      # Q blocks this K/V block sees
+            turn = U(cuda.blockIdx.x) % blocks if ROTATE and blocks > U(0) else U(0)
+            t = U(0)
+            while t < blocks:
+                m0 = m_start + (t + turn) % blocks * uBM if ROTATE else m_start + t * uBM
                 i0, i1 = m0 + row, m0 + row + U(8)
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 clear(s_acc)
@@ -657,7 +661,7 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False):
                         if i < nq and c < d:
                             cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
                 cuda.syncthreads()                     # dS read by every warp
-                m0 += uBM
+                t += U(1)
 
         store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane)
 
@@ -711,16 +715,18 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m=BLOCK, block_n=BLOCK, paired=True, chained=True, prefetch=False,
-                 lean=False, paired_steps=False, ahead=False):
+                 lean=False, paired_steps=False, ahead=False, rotate=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
     kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible.
     lean: make_lean_kernel (two blocks per SM; the fastest measured) instead of
-    make_dkdv_kernel(causal, paired, chained, prefetch); paired_steps, ahead: make_lean_kernel's.
+    make_dkdv_kernel(causal, paired, chained, prefetch); paired_steps, ahead, rotate:
+    make_lean_kernel's.
     """
     check(q.shape[2], q.dtype, block_m, block_n)
     if lean:                                   # make_lean_kernel: its own choices
-        kernel, tpb = make_lean_kernel(bool(causal), bool(paired_steps), bool(ahead))
+        kernel, tpb = make_lean_kernel(bool(causal), bool(paired_steps), bool(ahead),
+                                       bool(rotate))
     else:
         kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained),
                                        bool(prefetch))

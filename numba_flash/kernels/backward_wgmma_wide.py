@@ -99,7 +99,8 @@ REGISTERED = dict(ahead=True, s_chained=True, w_chained=True)
 
 
 @functools.lru_cache(maxsize=None)
-def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False):
+def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rotate=False,
+                     dq_atomics=True):
     """The kernel: grid (ceil(Nk / 64), B*Hk), 256 threads, arguments (q, k, v, dout, lse, D,
     dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, d <= 128, dq holding zeros
     (dQ is added with atomics). ahead: the A fragments from global memory (S, dP, dV^T, dK^T)
@@ -107,8 +108,13 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False):
     registers live; the same values and sums). s_chained: S and dP as four products of CHAIN
     steps, each chained in the tensor core (4 waits instead of 8), S exactly as
     forward_wgmma_wide.make_wide_kernel(s_chained=True) forms it. w_chained: dV^T, dK^T and
-    dQ^T each as two such products (2 waits instead of 4)."""
-    AHEAD, S_CHAINED, W_CHAINED = ahead, s_chained, w_chained
+    dQ^T each as two such products (2 waits instead of 4). rotate: K/V block x takes its Q
+    blocks starting at the x-th (mod their number), so that the blocks of a head, which run at
+    once, add into different dQ rows instead of all into the same ones (the same sums in another
+    order). dq_atomics=False: dQ is not added into dq (wrong dq; to time what the atomics
+    cost)."""
+    AHEAD, S_CHAINED, W_CHAINED, ROTATE, DQ_ATOMICS = (ahead, s_chained, w_chained, rotate,
+                                                       dq_atomics)
     prod = products(BLOCK, D_PAD, D_PAD)
     step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
     chain_elements = make_chain_fragments(False)
@@ -166,8 +172,11 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False):
         cuda.syncthreads()
         for g in range(group):
             bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
-            m0 = m_start
-            while m0 < nq:
+            blocks = (nq - m_start + uBM - U(1)) // uBM      # Q blocks this K/V block sees
+            turn = U(cuda.blockIdx.x) % blocks if ROTATE and blocks > U(0) else U(0)
+            t = U(0)
+            while t < blocks:
+                m0 = m_start + (t + turn) % blocks * uBM if ROTATE else m_start + t * uBM
                 i0, i1 = m0 + row, m0 + row + U(8)
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 # 1. S (wg 0) or dP (wg 1): 16 steps, 8 per column half, two per wait, or
@@ -274,9 +283,9 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False):
                     for e in range(4):                 # dQ^T entry (head dim c, query i)
                         c = U(16) * rows + g4 + U(8 * (e // 2))
                         i = m0 + U(8 * nt + e % 2) + col_t
-                        if i < nq and c < d:
+                        if DQ_ATOMICS and i < nq and c < d:
                             cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
-                m0 += uBM
+                t += U(1)
 
         store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, rows, lane)
 
@@ -285,14 +294,14 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False):
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m=BLOCK, block_n=BLOCK, ahead=False, s_chained=False,
-                 w_chained=False):
+                 w_chained=False, rotate=False, dq_atomics=True):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wide kernel on 3-D
     float32 device arrays (backward.run_backward's contract); ValueError where `check` does
     not allow the case. dQ comes from atomics: not bitwise reproducible. ahead, s_chained,
-    w_chained: make_wide_kernel's."""
+    w_chained, rotate, dq_atomics: make_wide_kernel's."""
     from .backward_wgmma import launch_with_preprocess
     check(q.shape[2], q.dtype, block_m, block_n)
     kernel, threads = make_wide_kernel(bool(causal), bool(ahead), bool(s_chained),
-                                       bool(w_chained))
+                                       bool(w_chained), bool(rotate), bool(dq_atomics))
     launch_with_preprocess(kernel, threads, dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                            heads=heads, group=group)

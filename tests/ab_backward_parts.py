@@ -1,0 +1,91 @@
+"""Where the registered wgmma backward's time goes on a GPU, not a pytest module:
+
+    python tests/ab_backward_parts.py [D ...]     # d = 64 and 128 by default
+
+For N = 1k, 4k, 8k on the benchmark's grid (B*H = (16384 / N) (2048 / d)), float32: the API's
+forward and backward (wall time, as the benchmark times them), then with CUDA events and every
+array allocated beforehand: the preprocess kernel (D = rowsum(dO * O), dq zeroed), the dK/dV/dQ
+kernel as registered, with `rotate` (each K/V block starts at another Q block), and without its
+dQ atomics (a wrong dq: what the atomics cost), and the allocation of dq, dk, dv.
+"""
+import sys
+import time
+
+import numpy as np
+from numba import cuda
+
+import reference as ref
+from numba_flash import flash_attention_backward, flash_attention_forward
+from numba_flash.bench import _median_ms
+from numba_flash.kernels import backward_wgmma, backward_wgmma_wide
+from numba_flash.kernels.backward import make_preprocess_kernel
+from numba_flash.kernels.common import ceil_div
+
+
+def event_ms(fn, reps=10):
+    """Median of reps CUDA-event timings of fn() (after one warm-up call)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start, end = cuda.event(), cuda.event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cuda.event_elapsed_time(start, end))
+    return float(np.median(times))
+
+
+def main(dims):
+    rng = np.random.default_rng(0)
+    for d in dims:
+        for n in (1024, 4096, 8192):
+            bh = (16384 // n) * (2048 // d)
+            q, k, v, dout = (cuda.to_device(rng.standard_normal((1, bh, n, d),
+                                                                dtype=np.float32))
+                             for _ in range(4))
+            flops = ref.forward_flops(n, n, d, False, bh)
+            tf = lambda ms, f=2.5 * flops: f"{ms:.2f} ms ({f / ms / 1e9:.1f} TFLOP/s)"
+            out, lse = flash_attention_forward(q, k, v, kernel="wgmma")
+            fwd = _median_ms(lambda: flash_attention_forward(q, k, v, kernel="wgmma"))
+            bwd = _median_ms(lambda: flash_attention_backward(dout, q, k, v, out, lse,
+                                                              kernel="wgmma"))
+            print(f"d={d} N={n} B*H={bh}: API forward {tf(fwd, flops)}, API backward "
+                  f"{tf(bwd)}", flush=True)
+            q3, k3, v3, do3, o3 = (x.reshape(bh, n, d) for x in (q, k, v, dout, out))
+            lse2 = lse.reshape(bh, n)
+            D = cuda.device_array((bh, n), np.float32)
+            dq, dk, dv = (cuda.device_array((bh, n, d), np.float32) for _ in range(3))
+            pre, tpb = make_preprocess_kernel(d, np.float32, clear=True)
+            run_pre = lambda: pre[(ceil_div(n, tpb), bh), tpb](do3, o3, D, dq)
+            print(f"  preprocess: {event_ms(run_pre):.3f} ms", flush=True)
+            scale = np.float32(1 / np.sqrt(d))
+            variants = {"registered": {}, "rotate": dict(rotate=True)}
+            if d > 64:
+                variants["no dQ atomics"] = dict(dq_atomics=False)
+                variants["rotate, no dQ atomics"] = dict(rotate=True, dq_atomics=False)
+            for label, opts in variants.items():
+                if d > 64:
+                    kernel, threads = backward_wgmma_wide.make_wide_kernel(
+                        False, **backward_wgmma_wide.REGISTERED, **opts)
+                else:
+                    kernel, threads = backward_wgmma.make_lean_kernel(False, True, True, **opts)
+                launch = kernel[(ceil_div(n, 64), bh), threads]
+                ms = event_ms(lambda: launch(q3, k3, v3, do3, lse2, D, dk, dv, dq, scale,
+                                             1, 1))
+                print(f"  kernel {label}: {tf(ms)}", flush=True)
+
+            def alloc():
+                arrs = [cuda.device_array((bh, n, d), np.float32) for _ in range(3)]
+                cuda.synchronize()
+                del arrs
+            t0 = time.perf_counter()
+            for _ in range(5):
+                alloc()
+            cuda.synchronize()
+            print(f"  allocating dq, dk, dv: {(time.perf_counter() - t0) / 5 * 1e3:.2f} ms",
+                  flush=True)
+
+
+if __name__ == "__main__":
+    main([int(x) for x in sys.argv[1:]] or [64, 128])
