@@ -18,7 +18,7 @@ import reference as ref
 from numba_flash import flash_attention_backward, flash_attention_forward
 from numba_flash.bench import _median_ms
 from numba_flash.kernels import backward_wgmma, backward_wgmma_wide
-from numba_flash.kernels.backward import make_preprocess_kernel
+from numba_flash.kernels.backward import run_preprocess
 from numba_flash.kernels.common import ceil_div
 
 
@@ -56,8 +56,7 @@ def main(dims):
             lse2 = lse.reshape(bh, n)
             D = cuda.device_array((bh, n), np.float32)
             dq, dk, dv = (cuda.device_array((bh, n, d), np.float32) for _ in range(3))
-            pre, tpb = make_preprocess_kernel(d, np.float32, clear=True)
-            run_pre = lambda: pre[(ceil_div(n, tpb), bh), tpb](do3, o3, D, dq)
+            run_pre = lambda: run_preprocess(do3, o3, D, dq, clear=True)
             print(f"  preprocess: {event_ms(run_pre):.3f} ms", flush=True)
             scale = np.float32(1 / np.sqrt(d))
             variants = {"registered": {}, "rotate": dict(rotate=True)}

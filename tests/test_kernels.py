@@ -125,3 +125,24 @@ def test_gpu_array_kinds_stay_on_device(lib):
     np.testing.assert_array_equal(to_host(out), host_out)
     for g, h in zip(grads, host_grads):
         np.testing.assert_array_equal(to_host(g), h)
+
+
+@pytest.mark.parametrize("d, dtype, nq", [(1, np.float32, 5), (59, np.float32, 70),
+                                          (128, np.float32, 33), (256, np.float64, 9)])
+def test_preprocess_gives_rowsum_and_clears_dq(d, dtype, nq):
+    """D = rowsum(dO * O) row by row (blocks of preprocess_rows rows, the last one partial),
+    dq zeroed with clear=True and untouched without."""
+    from numba import cuda
+
+    from numba_flash.kernels.backward import preprocess_rows, run_preprocess
+    assert nq % preprocess_rows(d, dtype) != 0 or nq < preprocess_rows(d, dtype)
+    rng = np.random.default_rng(d)
+    dout, out = (rng.standard_normal((2, nq, d)).astype(dtype) for _ in range(2))
+    truth = (dout.astype(np.float64) * out).sum(axis=-1)
+    for clear in (False, True):
+        D = cuda.to_device(np.full((2, nq), np.nan, dtype))
+        dq = cuda.to_device(np.ones((2, nq, d), dtype))
+        run_preprocess(cuda.to_device(dout), cuda.to_device(out), D, dq, clear=clear)
+        bound = d * np.finfo(dtype).eps * (np.abs(dout) * np.abs(out)).sum(axis=-1)
+        assert np.all(np.abs(D.copy_to_host() - truth) <= bound)
+        assert np.all(dq.copy_to_host() == (0 if clear else 1))

@@ -35,7 +35,7 @@ import numpy as np
 
 from numba import cuda
 
-from .backward import make_preprocess_kernel
+from .backward import run_preprocess
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
                      ceil_div, check_block, check_shared_memory, check_head_dim, kernel_jit,
                      kv_head, numba_type)
@@ -667,8 +667,7 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     if tensor_cores == "default":
         tensor_cores = tensor_cores_by_default(dtype, atomic)
     D = arrays.empty_device((bh, nq), dtype)
-    pre, tpb = make_preprocess_kernel(d, dtype, clear=atomic)
-    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
+    run_preprocess(dout, out, D, dq, clear=atomic)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic,
                                  vector_atomics if atomic else False, prefetch, tensor_cores,
                                  dp_tensor_cores, p_in_registers)

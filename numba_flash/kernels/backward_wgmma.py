@@ -52,7 +52,7 @@ import numpy as np
 from numba import cuda, float32
 
 from . import backward_fa2
-from .backward import make_preprocess_kernel
+from .backward import run_preprocess
 from .backward_fa2 import _recompute_p
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
                      ceil_div, device_function, kernel_jit)
@@ -743,8 +743,7 @@ def launch_with_preprocess(kernel, threads, dout, q, k, v, lse, out, dq, dk, dv,
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
     D = arrays.empty_device((bh, nq), q.dtype)
-    pre, tpb = make_preprocess_kernel(d, q.dtype, clear=True)
-    pre[(ceil_div(nq, tpb), bh), tpb](dout, out, D, dq)
+    run_preprocess(dout, out, D, dq, clear=True)
     with _simulator_switch_interval():
         kernel[(ceil_div(nk, BLOCK), bhk), threads](q, k, v, dout, lse, D, dk, dv, dq,
                                                     np.float32(scale), heads, group)

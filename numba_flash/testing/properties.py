@@ -158,11 +158,10 @@ def d_is_rowsum_of_p_dp(kernel, p):
     q, k, v, dout = p.inputs()
     out, _ = flash_attention_forward(q, k, v, causal=p.causal, kernel=DEFAULT_FORWARD)
     bh = p.B * p.H
-    pre, threads = backward.make_preprocess_kernel(p.d, q.dtype)
     d_D = cuda.device_array((bh, p.Nq), dtype=q.dtype)
     d_dout = cuda.to_device(dout.reshape(bh, p.Nq, p.d))
-    pre[((p.Nq + threads - 1) // threads, bh), threads](    # the 4th array (dq) is not touched
-        d_dout, cuda.to_device(out.reshape(bh, p.Nq, p.d)), d_D, d_dout)
+    backward.run_preprocess(d_dout, cuda.to_device(out.reshape(bh, p.Nq, p.d)), d_D,
+                            d_dout)             # the 4th array (dq) is not touched
     D = d_D.copy_to_host().reshape(q.shape[:-1])
     kk, vv = expand_kv(q, k, v)
     P, dP = reference_p_dp(q, kk, vv, dout, p.causal, dtype=truth_dtype(q.dtype))
