@@ -578,11 +578,12 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False, rotate=False):
         cuda.syncthreads()
         for g in range(group):
             bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
-            blocks = (nq - m_start + uBM - U(1)) // uBM      # Q blocks this K/V block sees
-            turn = U(cuda.blockIdx.x) % blocks if ROTATE and blocks > U(0) else U(0)
-            t = U(0)
-            while t < blocks:
-                m0 = m_start + (t + turn) % blocks * uBM if ROTATE else m_start + t * uBM
+            # the Q blocks m_start.. in turn, from `first` round to the one before it
+            first = m_start
+            if ROTATE:
+                first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
+            m0 = first
+            while True:
                 i0, i1 = m0 + row, m0 + row + U(8)
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 clear(s_acc)
@@ -661,7 +662,11 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False, rotate=False):
                         if i < nq and c < d:
                             cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
                 cuda.syncthreads()                     # dS read by every warp
-                t += U(1)
+                m0 += uBM
+                if m0 >= nq:
+                    m0 = m_start
+                if m0 == first:
+                    break
 
         store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane)
 
@@ -691,8 +696,9 @@ def default_blocks_or_fallback(head_dim, dtype):
 def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                     block_m, block_n):
     """The registered "wgmma" backward: the lean kernel with paired steps and fragments loaded
-    ahead (run_backward(lean=True, paired_steps=True, ahead=True): paired steps 1.05-1.10x
-    lean's steps one per wait, ahead 1.04-1.08x paired steps, H200 2026-12-01) where
+    ahead, its Q blocks in rotated order (run_backward(lean=True, paired_steps=True, ahead=True,
+    rotate=True): paired steps 1.05-1.10x lean's steps one per wait, ahead 1.04-1.08x paired
+    steps, H200 2026-12-01; rotate 1.11-1.13x at N = 1k-8k, 2026-12-02) where
     `applies` (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator), the two-
     warpgroup kernel of backward_wgmma_wide where 64 < d <= 128 (the same conditions
     otherwise) with its REGISTERED options (ahead: 1.03-1.09x without; S chained as the
@@ -702,7 +708,8 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
     from . import backward_wgmma_wide          # here: that module imports this one
     if applies(q.shape[2], q.dtype, block_m, block_n):
         run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale, heads=heads,
-                     group=group, causal=causal, lean=True, paired_steps=True, ahead=True)
+                     group=group, causal=causal, lean=True, paired_steps=True, ahead=True,
+                     rotate=True)
     elif backward_wgmma_wide.applies(q.shape[2], q.dtype, block_m, block_n):
         backward_wgmma_wide.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                                          heads=heads, group=group, causal=causal,

@@ -94,8 +94,11 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 
 # what the registered "wgmma" backward runs (backward_wgmma.run_or_fallback): fragments ahead,
 # and S chained as the registered forward chains it (forward_wgmma_wide.REGISTERED; dP and the
-# accumulating products chained too: 0.95-1.04x the steps from zero, H200 2026-12-02)
-REGISTERED = dict(ahead=True, s_chained=True, w_chained=True)
+# accumulating products chained too: 0.95-1.04x the steps from zero, H200 2026-12-02), the Q
+# blocks taken in rotated order (1.15-1.19x at N = 1k-8k, H200 2026-12-02; 1.11-1.17x with the
+# dQ atomics left out, so not only their contention: a head's K/V blocks had all read the same
+# Q and dO rows and added into the same dQ rows at once; tests/ab_backward_parts.py)
+REGISTERED = dict(ahead=True, s_chained=True, w_chained=True, rotate=True)
 
 
 @functools.lru_cache(maxsize=None)
@@ -172,11 +175,12 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rota
         cuda.syncthreads()
         for g in range(group):
             bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
-            blocks = (nq - m_start + uBM - U(1)) // uBM      # Q blocks this K/V block sees
-            turn = U(cuda.blockIdx.x) % blocks if ROTATE and blocks > U(0) else U(0)
-            t = U(0)
-            while t < blocks:
-                m0 = m_start + (t + turn) % blocks * uBM if ROTATE else m_start + t * uBM
+            # the Q blocks m_start.. in turn, from `first` round to the one before it
+            first = m_start
+            if ROTATE:
+                first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
+            m0 = first
+            while True:
                 i0, i1 = m0 + row, m0 + row + U(8)
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 # 1. S (wg 0) or dP (wg 1): 16 steps, 8 per column half, two per wait, or
@@ -285,7 +289,11 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rota
                         i = m0 + U(8 * nt + e % 2) + col_t
                         if DQ_ATOMICS and i < nq and c < d:
                             cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
-                t += U(1)
+                m0 += uBM
+                if m0 >= nq:
+                    m0 = m_start
+                if m0 == first:
+                    break
 
         store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, rows, lane)
 
