@@ -128,8 +128,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     d_q = arrays.to_device(q, (bh, p.nq, p.d))
     d_k = arrays.to_device(k, (bhk, p.nk, p.d))
     d_v = arrays.to_device(v, (bhk, p.nk, p.d))
-    d_out = arrays.empty_device((bh, p.nq, p.d), p.dtype)
-    d_lse = arrays.empty_device((bh, p.nq), p.dtype)
+    d_out = arrays.empty_device((bh, p.nq, p.d), p.dtype, like=q)
+    d_lse = arrays.empty_device((bh, p.nq), p.dtype, like=q)
     grid = (ceil_div(p.nq, bm), bh)
     launch[grid, threads](d_q, d_k, d_v, d_out, d_lse, p.dtype.type(p.scale), p.heads, p.group)
     return (arrays.from_device(d_out, p.lead + (p.nq, p.d), q),
@@ -180,9 +180,9 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     bm, bn = _blocks(variant, p, block_m, block_n)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     qs, ks = (bh, p.nq, p.d), (bhk, p.nk, p.d)
-    d_dq = arrays.empty_device(qs, p.dtype)
-    d_dk = arrays.empty_device(ks, p.dtype)
-    d_dv = arrays.empty_device(ks, p.dtype)
+    d_dq = arrays.empty_device(qs, p.dtype, like=q)
+    d_dk = arrays.empty_device(ks, p.dtype, like=q)
+    d_dv = arrays.empty_device(ks, p.dtype, like=q)
     variant.run(arrays.to_device(dout, qs), arrays.to_device(q, qs), arrays.to_device(k, ks),
                 arrays.to_device(v, ks), arrays.to_device(lse, (bh, p.nq)),
                 arrays.to_device(out, qs), d_dq, d_dk, d_dv, scale=p.scale, heads=p.heads,

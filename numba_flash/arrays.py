@@ -80,7 +80,19 @@ def to_device(x, shape3):
         return cuda.to_device(np.ascontiguousarray(x).reshape(shape3))
     if kind == "numba":
         return x.reshape(shape3)
-    return cuda.as_cuda_array(x).reshape(shape3)
+    return cuda.as_cuda_array(x, sync=_must_sync(x)).reshape(shape3)
+
+
+def _must_sync(x):
+    """Whether the stream that x's __cuda_array_interface__ names must be synchronized before
+    our kernels read x (Numba does so for every import by default). Not when it is the legacy
+    default stream (1), where our kernels run too (Numba's default stream, unless per-thread
+    default streams are configured): they are ordered after its work already. That sync made
+    the host wait for the GPU at every call (torch and CuPy name stream 1 for their default
+    stream), so a forward+backward could not queue the backward while the forward ran."""
+    from numba.cuda import config
+    stream = x.__cuda_array_interface__.get("stream")
+    return not (stream == 1 and not config.CUDA_PER_THREAD_DEFAULT_STREAM)
 
 
 class AllocationMeter:
@@ -99,9 +111,22 @@ class AllocationMeter:
         return False
 
 
-def empty_device(shape, dtype):
+def empty_device(shape, dtype, like=None):
+    """An uninitialized Numba device array; like: an input whose kind says who allocates it
+    (torch and CuPy from their caching pools, as a view, where Numba would call cuMemAlloc and
+    later free each time: 0.5 ms for three 128 MiB outputs on an H200, 2026-12-02)."""
     from numba import cuda
-    arr = cuda.device_array(shape, dtype=dtype)
+    kind = kind_of(like) if like is not None else "numba"
+    if kind == "torch":
+        import torch
+        owner = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=like.device)
+        arr = cuda.as_cuda_array(owner, sync=False)     # new memory: nothing to wait for
+    elif kind == "cupy":
+        import cupy
+        with cupy.cuda.Device(like.device.id):
+            arr = cuda.as_cuda_array(cupy.empty(shape, dtype=dtype), sync=False)
+    else:
+        arr = cuda.device_array(shape, dtype=dtype)
     for meter in AllocationMeter.active:
         meter.bytes += arr.nbytes
     return arr
