@@ -58,6 +58,8 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, Dynamic
                      ceil_div, device_function, kernel_jit)
 from .fa2_tiles import ALIGN
 from .mma import split_tf32
+from .vector_io import AlignedDispatch
+from .vector_io import add2 as red_add2    # (this module has its own add2)
 from .wgmma import (CHAIN, SCRATCH, STEP, WARPGROUP,
                     fence_proxy_async, position, products)
 
@@ -220,6 +222,50 @@ def transposed_fragment(sm, at, s, warp, lane):
 
 
 @device_function
+def transposed_fragment_paired(sm, at, s, warp, lane):
+    """transposed_fragment with the thread's two rows paired: rows g and g + 8 of the warp's 16
+    are X^T's rows 16 warp + 2 g and 16 warp + 2 g + 1 (not 16 warp + g and + 8). A product
+    with this A has those rows in its accumulator's entries e and e + 2 (wgmma.position): for
+    dQ^T = K^T dS^T, two adjacent head-dim columns of one dq row, added by one vector atomic
+    (add_dq_pairs)."""
+    # core_offset(8 s + t (+ 4), 16 warp + 2 g (+ 1), 64): a base plus 1 and 16
+    g, t = lane // U(4), lane % U(4)
+    o0 = at + U(512) * U(s) + (warp * U(4) + g // U(2)) * U(32) + t * U(4) + (g % U(2)) * U(2)
+    o1, o2, o3 = o0 + U(1), o0 + U(16), o0 + U(17)
+    return ((sm[o0], sm[o1], sm[o2], sm[o3]),
+            (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
+
+
+@device_function
+def add_dq(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
+    """dQ^T's accumulator (rows: the head dim 16 rows.., columns: queries m0..; A read by
+    transposed_fragment) times scale, added into dq[bh] by scalar atomics."""
+    g4, t4 = lane // U(4), lane % U(4)
+    for nt in range(REGS // 4):
+        for e in range(4):                     # dQ^T entry (head dim c, query i)
+            c = U(16) * rows + g4 + U(8 * (e // 2))
+            i = m0 + U(8 * nt + e % 2) + t4 * U(2)
+            if i < nq and c < d:
+                cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
+
+
+@device_function
+def add_dq_pairs(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
+    """add_dq for an accumulator whose A was read by transposed_fragment_paired: entries e and
+    e + 2 are head-dim columns c and c + 1 (c even) of one dq row, added by one
+    red.global.add.v2.f32 (vector_io.add2: d even and dq's rows 8-byte aligned, the caller's
+    promise). Half the atomic instructions, each changing 8 bytes."""
+    g4, t4 = lane // U(4), lane % U(4)
+    c = U(16) * rows + U(2) * g4
+    for nt in range(REGS // 4):
+        for b in range(2):
+            i = m0 + U(8 * nt + b) + t4 * U(2)
+            if i < nq and c < d:
+                red_add2(dq, bh, i, c, (dq_acc[4 * nt + b] * scale,
+                                        dq_acc[4 * nt + 2 + b] * scale))
+
+
+@device_function
 def row_stats(lse, Dvec, bh, i0, i1, nq):
     """lse and D of query rows i0 and i1 (-inf and 0 past nq)."""
     lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
@@ -379,6 +425,8 @@ def make_dkdv_kernel(causal, paired=True, chained=True, prefetch=False):
     return DynamicSharedKernel(dkdv_wgmma, NBYTES), WARPGROUP
 
 
+DQ_ARG = 8                  # dq's position in the dK/dV/dQ kernels' arguments
+
 # lean: shared memory for K, V and one per-Q-block tile only (P^T, then dS^T, then dS), 96 KiB,
 # so that two blocks fit on an SM; the A operands of every product come through registers
 W_T = 4 * TILE             # after K (0) and V (2 TILE), each big + small
@@ -526,7 +574,8 @@ def make_accumulate_w_chained(ahead):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_kernel(causal, paired_steps=False, ahead=False, rotate=False):
+def make_lean_kernel(causal, paired_steps=False, ahead=False, rotate=False,
+                     vector_atomics=False):
     """make_dkdv_kernel's kernel with 96 KiB of shared memory (two blocks per SM): K and V staged,
     every A operand read from global memory (Q, dO and their transposes) or from the K tile (K^T)
     into registers, and one 64 x 64 tile that holds P^T for dV^T += dO^T P, then dS^T for
@@ -536,8 +585,12 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False, rotate=False):
     step order: the same sums). ahead (with paired_steps): the A fragments from global memory
     loaded a step (S, dP) or a pair of steps (dV^T, dK^T) before their product, as
     backward_wgmma_wide's ahead (the same values). rotate: backward_wgmma_wide's (each K/V block
-    starts at another Q block)."""
+    starts at another Q block). vector_atomics: dQ^T's A rows paired (transposed_fragment_paired)
+    and dQ added by add_dq_pairs, one vector atomic per two columns (d even and dq's rows
+    8-byte aligned: run_backward's AlignedDispatch checks)."""
     PAIRED_STEPS, AHEAD, ROTATE = paired_steps, ahead and paired_steps, rotate
+    dq_fragment = transposed_fragment_paired if vector_atomics else transposed_fragment
+    add_dq_acc = add_dq_pairs if vector_atomics else add_dq
     elements = make_global_fragment(False, split=False)
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
@@ -644,23 +697,18 @@ def make_lean_kernel(causal, paired_steps=False, ahead=False, rotate=False):
                 cuda.syncthreads()
                 clear(dq_acc)
                 for s in range(0 if PAIRED_STEPS else STEPS):
-                    a_big, a_small = transposed_fragment(sm, U(K_T), s, warp, lane)
+                    a_big, a_small = dq_fragment(sm, U(K_T), s, warp, lane)
                     add(dq_acc, step_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE), s,
                                           U(LEAN_SCRATCH_AT)))
                 for s2 in range(STEPS // 2 if PAIRED_STEPS else 0):
                     s = 2 * s2
-                    a_big, a_small = transposed_fragment(sm, U(K_T), s, warp, lane)
-                    a2_big, a2_small = transposed_fragment(sm, U(K_T), s + 1, warp, lane)
+                    a_big, a_small = dq_fragment(sm, U(K_T), s, warp, lane)
+                    a2_big, a2_small = dq_fragment(sm, U(K_T), s + 1, warp, lane)
                     add_in_turn(dq_acc, step2_regs(sm, a_big, a_small, U(W_T), U(W_T + TILE),
                                                    a2_big, a2_small, U(W_T + STEP_FLOATS),
                                                    U(W_T + TILE + STEP_FLOATS), s,
                                                    U(LEAN_SCRATCH_AT)))
-                for nt in range(REGS // 4):
-                    for e in range(4):                 # dQ^T entry (head dim c, query i)
-                        c = row + U(8 * (e // 2))
-                        i = m0 + U(8 * nt + e % 2) + col_t
-                        if i < nq and c < d:
-                            cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
+                add_dq_acc(dq, bh, m0, nq, d, dq_acc, scale, warp, lane)
                 cuda.syncthreads()                     # dS read by every warp
                 m0 += uBM
                 if m0 >= nq:
@@ -709,7 +757,7 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
     if applies(q.shape[2], q.dtype, block_m, block_n):
         run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale, heads=heads,
                      group=group, causal=causal, lean=True, paired_steps=True, ahead=True,
-                     rotate=True)
+                     rotate=True, vector_atomics=True)
     elif backward_wgmma_wide.applies(q.shape[2], q.dtype, block_m, block_n):
         backward_wgmma_wide.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                                          heads=heads, group=group, causal=causal,
@@ -722,18 +770,22 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m=BLOCK, block_n=BLOCK, paired=True, chained=True, prefetch=False,
-                 lean=False, paired_steps=False, ahead=False, rotate=False):
+                 lean=False, paired_steps=False, ahead=False, rotate=False,
+                 vector_atomics=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wgmma dK/dV/dQ
     kernel on 3-D float32 device arrays (backward.run_backward's contract); ValueError where
     `check` does not allow the case. dQ comes from atomics: not bitwise reproducible.
     lean: make_lean_kernel (two blocks per SM; the fastest measured) instead of
     make_dkdv_kernel(causal, paired, chained, prefetch); paired_steps, ahead, rotate:
-    make_lean_kernel's.
+    make_lean_kernel's; vector_atomics (lean): make_lean_kernel's where dq is 16-byte aligned
+    (its data and rows: d % 4 == 0), scalar atomics otherwise (vector_io.AlignedDispatch).
     """
     check(q.shape[2], q.dtype, block_m, block_n)
     if lean:                                   # make_lean_kernel: its own choices
-        kernel, tpb = make_lean_kernel(bool(causal), bool(paired_steps), bool(ahead),
-                                       bool(rotate))
+        options = (bool(causal), bool(paired_steps), bool(ahead), bool(rotate))
+        kernel, tpb = make_lean_kernel(*options)
+        if vector_atomics:
+            kernel = AlignedDispatch(make_lean_kernel(*options, True)[0], kernel, (DQ_ARG,))
     else:
         kernel, tpb = make_dkdv_kernel(bool(causal), bool(paired), bool(chained),
                                        bool(prefetch))

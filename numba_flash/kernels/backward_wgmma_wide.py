@@ -49,11 +49,13 @@ import numpy as np
 from numba import cuda, float32
 
 from .backward_fa2 import _recompute_p
-from .backward_wgmma import (BLOCK, CHAIN_A, D_PAD, REGS, STEP_FLOATS, STEPS, TILE, add,
-                             add_in_turn, clear, make_accumulate_w, make_accumulate_w_chained,
-                             make_chain_fragments,
+from .backward_wgmma import (BLOCK, CHAIN_A, D_PAD, DQ_ARG, REGS, STEP_FLOATS, STEPS, TILE, add,
+                             add_dq, add_dq_pairs, add_in_turn, clear, make_accumulate_w,
+                             make_accumulate_w_chained, make_chain_fragments,
                              make_global_fragment, make_stage, row_stats, split_chain,
-                             split_fragment, store_dkdv, transposed_fragment)
+                             split_fragment, store_dkdv, transposed_fragment,
+                             transposed_fragment_paired)
+from .vector_io import AlignedDispatch
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, SIMULATOR, U, DynamicSharedKernel,
                      kernel_jit)
 from .fa2_tiles import ALIGN
@@ -98,12 +100,12 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 # blocks taken in rotated order (1.15-1.19x at N = 1k-8k, H200 2026-12-02; 1.11-1.17x with the
 # dQ atomics left out, so not only their contention: a head's K/V blocks had all read the same
 # Q and dO rows and added into the same dQ rows at once; tests/ab_backward_parts.py)
-REGISTERED = dict(ahead=True, s_chained=True, w_chained=True, rotate=True)
+REGISTERED = dict(ahead=True, s_chained=True, w_chained=True, rotate=True, vector_atomics=True)
 
 
 @functools.lru_cache(maxsize=None)
 def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rotate=False,
-                     dq_atomics=True):
+                     dq_atomics=True, vector_atomics=False):
     """The kernel: grid (ceil(Nk / 64), B*Hk), 256 threads, arguments (q, k, v, dout, lse, D,
     dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, d <= 128, dq holding zeros
     (dQ is added with atomics). ahead: the A fragments from global memory (S, dP, dV^T, dK^T)
@@ -115,9 +117,11 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rota
     blocks starting at the x-th (mod their number), so that the blocks of a head, which run at
     once, add into different dQ rows instead of all into the same ones (the same sums in another
     order). dq_atomics=False: dQ is not added into dq (wrong dq; to time what the atomics
-    cost)."""
+    cost). vector_atomics: backward_wgmma.make_lean_kernel's (dQ by pairs of columns)."""
     AHEAD, S_CHAINED, W_CHAINED, ROTATE, DQ_ATOMICS = (ahead, s_chained, w_chained, rotate,
                                                        dq_atomics)
+    dq_fragment = transposed_fragment_paired if vector_atomics else transposed_fragment
+    add_dq_acc = add_dq_pairs if vector_atomics else add_dq
     prod = products(BLOCK, D_PAD, D_PAD)
     step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
     chain_elements = make_chain_fragments(False)
@@ -265,8 +269,8 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rota
                                          scratch, x, a_big, a_small)
                     for g in range(STEPS // CHAIN):
                         for s in range(CHAIN):
-                            f_big, f_small = transposed_fragment(sm, k_half, CHAIN * g + s,
-                                                                 warp, lane)
+                            f_big, f_small = dq_fragment(sm, k_half, CHAIN * g + s, warp,
+                                                         lane)
                             for e in range(4):
                                 a_big[4 * s + e] = f_big[e]
                                 a_small[4 * s + e] = f_small[e]
@@ -277,18 +281,14 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rota
                                  scratch)
                 for s2 in range(0 if W_CHAINED else STEPS // 2):
                     s = 2 * s2
-                    f_big, f_small = transposed_fragment(sm, k_half, s, warp, lane)
-                    f2_big, f2_small = transposed_fragment(sm, k_half, s + 1, warp, lane)
+                    f_big, f_small = dq_fragment(sm, k_half, s, warp, lane)
+                    f2_big, f2_small = dq_fragment(sm, k_half, s + 1, warp, lane)
                     add_in_turn(dq_acc, step2_regs(sm, f_big, f_small, U(DS_T),
                                                    U(DS_T + TILE), f2_big, f2_small,
                                                    U(DS_T + STEP_FLOATS),
                                                    U(DS_T + TILE + STEP_FLOATS), s, scratch))
-                for nt in range(REGS // 4):
-                    for e in range(4):                 # dQ^T entry (head dim c, query i)
-                        c = U(16) * rows + g4 + U(8 * (e // 2))
-                        i = m0 + U(8 * nt + e % 2) + col_t
-                        if DQ_ATOMICS and i < nq and c < d:
-                            cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
+                if DQ_ATOMICS:
+                    add_dq_acc(dq, bh, m0, nq, d, dq_acc, scale, rows, lane)
                 m0 += uBM
                 if m0 >= nq:
                     m0 = m_start
@@ -302,14 +302,18 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rota
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m=BLOCK, block_n=BLOCK, ahead=False, s_chained=False,
-                 w_chained=False, rotate=False, dq_atomics=True):
+                 w_chained=False, rotate=False, dq_atomics=True, vector_atomics=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wide kernel on 3-D
     float32 device arrays (backward.run_backward's contract); ValueError where `check` does
     not allow the case. dQ comes from atomics: not bitwise reproducible. ahead, s_chained,
-    w_chained, rotate, dq_atomics: make_wide_kernel's."""
+    w_chained, rotate, dq_atomics: make_wide_kernel's; vector_atomics: make_wide_kernel's where
+    dq is 16-byte aligned (its data and rows: d % 4 == 0), scalar atomics otherwise."""
     from .backward_wgmma import launch_with_preprocess
     check(q.shape[2], q.dtype, block_m, block_n)
-    kernel, threads = make_wide_kernel(bool(causal), bool(ahead), bool(s_chained),
-                                       bool(w_chained), bool(rotate), bool(dq_atomics))
+    options = (bool(causal), bool(ahead), bool(s_chained), bool(w_chained), bool(rotate),
+               bool(dq_atomics))
+    kernel, threads = make_wide_kernel(*options)
+    if vector_atomics:
+        kernel = AlignedDispatch(make_wide_kernel(*options, True)[0], kernel, (DQ_ARG,))
     launch_with_preprocess(kernel, threads, dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                            heads=heads, group=group)
