@@ -5,8 +5,11 @@
 For N = 1k, 4k, 8k on the benchmark's grid (B*H = (16384 / N) (2048 / d)), float32: the API's
 forward and backward (wall time, as the benchmark times them), then with CUDA events and every
 array allocated beforehand: the preprocess kernel (D = rowsum(dO * O), dq zeroed), the dK/dV/dQ
-kernel as registered, with `rotate` (each K/V block starts at another Q block), and without its
-dQ atomics (a wrong dq: what the atomics cost), and the allocation of dq, dk, dv.
+kernel as registered before 2026-12-02 (scalar dQ atomics, Q blocks in order), with `rotate`
+(each K/V block starts at another Q block), as registered now (rotate and vector atomics), and
+(d > 64) without its dQ atomics (a wrong dq: what the atomics cost); the API on torch tensors
+(as the benchmark calls it) and the allocation of dq, dk, dv. Then the registered forward
+kernel and its `rotate` option (each Q block starts at another K/V block).
 """
 import sys
 import time
@@ -14,10 +17,15 @@ import time
 import numpy as np
 from numba import cuda
 
+try:
+    import torch
+except ImportError:
+    torch = None
+
 import reference as ref
 from numba_flash import flash_attention_backward, flash_attention_forward
 from numba_flash.bench import _median_ms
-from numba_flash.kernels import backward_wgmma, backward_wgmma_wide
+from numba_flash.kernels import backward_wgmma, backward_wgmma_wide, forward_wgmma
 from numba_flash.kernels.backward import run_preprocess
 from numba_flash.kernels.common import ceil_div
 
@@ -59,20 +67,44 @@ def main(dims):
             run_pre = lambda: run_preprocess(do3, o3, D, dq, clear=True)
             print(f"  preprocess: {event_ms(run_pre):.3f} ms", flush=True)
             scale = np.float32(1 / np.sqrt(d))
-            variants = {"registered": {}, "rotate": dict(rotate=True)}
+            variants = {"scalar atomics, no rotate": dict(rotate=False, vector_atomics=False),
+                        "rotate": dict(rotate=True, vector_atomics=False),
+                        "registered": {}}
             if d > 64:
-                variants["no dQ atomics"] = dict(dq_atomics=False)
-                variants["rotate, no dQ atomics"] = dict(rotate=True, dq_atomics=False)
+                variants["registered, no dQ atomics"] = dict(dq_atomics=False)
             for label, opts in variants.items():
                 if d > 64:
-                    kernel, threads = backward_wgmma_wide.make_wide_kernel(
-                        False, **backward_wgmma_wide.REGISTERED, **opts)
+                    options = dict(backward_wgmma_wide.REGISTERED, **opts)
+                    vector = options.pop("vector_atomics")
+                    kernel, threads = backward_wgmma_wide.make_wide_kernel(False, **options,
+                                                                           vector_atomics=vector)
                 else:
-                    kernel, threads = backward_wgmma.make_lean_kernel(False, True, True, **opts)
+                    kernel, threads = backward_wgmma.make_lean_kernel(
+                        False, True, True, opts.get("rotate", True),
+                        opts.get("vector_atomics", True))
                 launch = kernel[(ceil_div(n, 64), bh), threads]
                 ms = event_ms(lambda: launch(q3, k3, v3, do3, lse2, D, dk, dv, dq, scale,
                                              1, 1))
                 print(f"  kernel {label}: {tf(ms)}", flush=True)
+            blocks = forward_wgmma.default_blocks_or_fallback(d, np.float32)
+            o, l2 = cuda.device_array((bh, n, d), np.float32), cuda.device_array((bh, n), np.float32)
+            for label, opts in (("forward registered", {}), ("forward rotate", dict(rotate=True))):
+                kernel, threads = forward_wgmma.make_forward_kernel(*blocks, d, False, np.float32,
+                                                                    **opts)
+                launch = kernel[(ceil_div(n, blocks[0]), bh), threads]
+                ms = event_ms(lambda: launch(q3, k3, v3, o, l2, scale, 1, 1))
+                print(f"  kernel {label}: {tf(ms, flops)}", flush=True)
+            if torch is not None:
+                tq, tk, tv, tdo = (torch.as_tensor(x, device="cuda") for x in (q, k, v, dout))
+                tout, tlse = flash_attention_forward(tq, tk, tv, kernel="wgmma")
+                fwd = _median_ms(lambda: flash_attention_forward(tq, tk, tv, kernel="wgmma"))
+                bwd = _median_ms(lambda: flash_attention_backward(tdo, tq, tk, tv, tout, tlse,
+                                                                  kernel="wgmma"))
+                both = _median_ms(lambda: flash_attention_backward(
+                    tdo, tq, tk, tv, *flash_attention_forward(tq, tk, tv, kernel="wgmma"),
+                    kernel="wgmma"))
+                print(f"  API on torch tensors: forward {tf(fwd, flops)}, backward {tf(bwd)}, "
+                      f"forward+backward {tf(both, 3.5 * flops)}", flush=True)
 
             def alloc():
                 arrs = [cuda.device_array((bh, n, d), np.float32) for _ in range(3)]

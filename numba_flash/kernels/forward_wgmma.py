@@ -72,6 +72,14 @@ STAGE_LOADS = 16
 
 
 @inlined_device_function
+def first_block(x, n_end, block):
+    """The first K/V block (its first key) that Q block x takes under `rotate`: the x-th of
+    the ceil(n_end / block) it sees, modulo their number (0 if none)."""
+    blocks = (n_end + block - U(1)) // block
+    return x % blocks * block if blocks > U(0) else U(0)
+
+
+@inlined_device_function
 def split_p_chain(a_big, a_small, p, s0):
     """The A fragments of P V's steps s0..s0 + CHAIN, split, into a_big, a_small (step s0 + s's
     at 4 s..): P's C-fragment entries 4s, 4s + 2, 4s + 1, 4s + 3 against the permuted V^T."""
@@ -148,7 +156,8 @@ REGISTERED = dict(pv_chained=True)
 
 
 @functools.lru_cache(maxsize=None)
-def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS, pv_chained=False):
+def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS, pv_chained=False,
+                      rotate=False):
     """The kernel: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v, out, lse, scale,
     heads, group) on (B*H, N, d) float32 device arrays, d <= 64 (the registry's contract).
     prefetch: the next K and V tiles are loaded into registers (2 x 32 per thread) while this
@@ -157,8 +166,13 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS, pv
     paired: two steps of a product per tensor-core wait (each from zero, added in step order:
     the same sums, half the round trips). loads: global loads in flight while staging.
     pv_chained: P V as two products of CHAIN steps chained in the tensor core (2 waits instead
-    of 4 paired; forward_wgmma_wide's pv_chained); S is untouched."""
-    PREFETCH, PAIRED, PV_CHAINED = prefetch, paired, pv_chained
+    of 4 paired; forward_wgmma_wide's pv_chained); S is untouched. rotate (not with prefetch):
+    Q block x takes its K/V blocks starting at the x-th (mod their number), so that the blocks
+    of a head, which run at once, do not all read the same K and V rows at once (the same S
+    and P, summed into l and O in another order)."""
+    if prefetch and rotate:
+        raise ValueError("rotate is not written for prefetch")
+    PREFETCH, PAIRED, PV_CHAINED, ROTATE = prefetch, paired, pv_chained, rotate
     stage_k, fetch_k = make_stage(False, loads=loads)
     stage_vt, fetch_vt = make_stage(True, permuted=True, loads=loads)
     prod = products(BLOCK, D_PAD, D_PAD)
@@ -254,11 +268,13 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS, pv
         if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
             last = row0 + uBM + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
-        n0 = U(0)
+        n0 = first_block(U(cuda.blockIdx.x), n_end, uBM) if ROTATE else U(0)
+        first = n0
         if PREFETCH and n0 < n_end:
             fetch_k(k_next, k, kv, n0, d, float32(1.0))
             fetch_vt(v_next, v, kv, n0, d, float32(1.0))
-        while n0 < n_end:
+        more = n0 < n_end
+        while more:         # the K/V blocks from `first` round to the one before it
             cuda.syncthreads()                      # every warp is done with the last tiles
             if PREFETCH:
                 put(sm, U(K_T), k_next)
@@ -314,7 +330,8 @@ def make_wgmma_kernel(causal, prefetch=False, paired=True, loads=STAGE_LOADS, pv
                 pv_steps(sm, o_acc, s_acc, 6)
                 if not PAIRED:
                     pv_steps(sm, o_acc, s_acc, 7)
-            n0 += uBM
+            n0 = n1 if n1 < n_end else U(0)
+            more = n0 != first
 
         # O / l and lse = m + log l
         inv0, inv1 = finish_rows(sm, U(SCRATCH_AT), lse, bh, m, l, i0, i1, t4, nq)

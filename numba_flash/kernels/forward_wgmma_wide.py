@@ -49,7 +49,8 @@ from .backward_wgmma_wide import D_WIDE, HALF, THREADS
 from .common import (NEG_INF, SIMULATOR, U, DynamicSharedKernel, inlined_device_function,
                      kernel_jit, kv_head)
 from .fa2_tiles import ALIGN
-from .forward_wgmma import STAGE_LOADS, finish_rows, make_online_softmax, split_p_chain
+from .forward_wgmma import (STAGE_LOADS, finish_rows, first_block, make_online_softmax,
+                            split_p_chain)
 from .mma import split_tf32
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
@@ -77,7 +78,7 @@ REGISTERED = dict(pv_chained=True, s_chained=True)
 
 @functools.lru_cache(maxsize=None)
 def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
-                     pv_chained=False, s_chained=False):
+                     pv_chained=False, s_chained=False, rotate=False):
     """The kernel: grid (ceil(Nq / 128), B*H), 256 threads, arguments (q, k, v, out, lse,
     scale, heads, group) on (B*H, N, d) float32 device arrays, d <= 128. loads: global loads
     in flight per thread while staging K and V^T. s_paired / pv_paired: two steps of S, or
@@ -90,7 +91,9 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
     accuracy of a chained sum over 32 keys (wgmma.py); S is untouched. s_chained: S in four
     products of CHAIN steps chained in the tensor core (4 waits instead of 16), as
     backward_wgmma_wide.make_wide_kernel(s_chained=True) forms it, the backward that then
-    recomputes it bit for bit."""
+    recomputes it bit for bit. rotate: forward_wgmma.make_wgmma_kernel's (each Q block starts at
+    another K/V block)."""
+    ROTATE = rotate
     stage_k, _ = make_stage(False, loads=loads, per_warpgroup=True)
     stage_vt, _ = make_stage(True, permuted=True, loads=loads, per_warpgroup=True)
     prod = products(BLOCK, D_PAD, D_PAD)
@@ -192,8 +195,10 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
         if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
             last = block0 + U(BLOCK_M) + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
-        n0 = U(0)
-        while n0 < n_end:
+        n0 = first_block(U(cuda.blockIdx.x), n_end, uBN) if ROTATE else U(0)
+        first = n0
+        more = n0 < n_end
+        while more:         # the K/V blocks from `first` round to the one before it
             cuda.syncthreads()                      # every warp is done with the last tiles
             if wg == U(0):
                 stage_k(sm, at, kv_src, kv, n0, U(0), d, float32(1.0))
@@ -248,6 +253,9 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
                 pv_step(sm, o0, o1, s_acc, 6, scratch)
                 pv_step(sm, o0, o1, s_acc, 7, scratch)
             n0 += uBN
+            if n0 >= n_end:
+                n0 = U(0)
+            more = n0 != first
 
         # O / l and lse = m + log l
         inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
