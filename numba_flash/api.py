@@ -183,10 +183,12 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     d_dq = arrays.empty_device(qs, p.dtype, like=q)
     d_dk = arrays.empty_device(ks, p.dtype, like=q)
     d_dv = arrays.empty_device(ks, p.dtype, like=q)
-    variant.run(arrays.to_device(dout, qs), arrays.to_device(q, qs), arrays.to_device(k, ks),
-                arrays.to_device(v, ks), arrays.to_device(lse, (bh, p.nq)),
-                arrays.to_device(out, qs), d_dq, d_dk, d_dv, scale=p.scale, heads=p.heads,
-                group=p.group, causal=bool(causal), block_m=bm, block_n=bn)
+    with arrays.allocating_like(q):                 # its workspace from q's pool too
+        variant.run(arrays.to_device(dout, qs), arrays.to_device(q, qs),
+                    arrays.to_device(k, ks), arrays.to_device(v, ks),
+                    arrays.to_device(lse, (bh, p.nq)), arrays.to_device(out, qs), d_dq, d_dk,
+                    d_dv, scale=p.scale, heads=p.heads, group=p.group, causal=bool(causal),
+                    block_m=bm, block_n=bn)
     return (arrays.from_device(d_dq, arrays.shape_of(q), q),
             arrays.from_device(d_dk, arrays.shape_of(k), q),
             arrays.from_device(d_dv, arrays.shape_of(v), q))

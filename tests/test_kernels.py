@@ -127,6 +127,35 @@ def test_gpu_array_kinds_stay_on_device(lib):
         np.testing.assert_array_equal(to_host(g), h)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("d", [64, 128])
+def test_gpu_wgmma_pair_on_torch_tensors(d):
+    """The wgmma pair on torch tensors, whose outputs and workspace come from torch's pool and
+    whose inputs are imported without a host sync (arrays.py), within tolerance."""
+    torch = pytest.importorskip("torch")
+    case = Case("torch", 2, 4, 2, 300, 333, d, causal=True)
+    q, k, v, dout = case.inputs(np.float32)
+    dev = [torch.from_numpy(x).cuda() for x in (q, k, v, dout)]
+    out, lse = flash_attention_forward(*dev[:3], causal=True, kernel="wgmma")
+    grads = flash_attention_backward(dev[3], *dev[:3], out, lse, causal=True, kernel="wgmma")
+    assert all(isinstance(x, torch.Tensor) for x in (out, lse, *grads))
+    out, lse, *grads = (x.cpu().numpy() for x in (out, lse, *grads))
+    assert_within_tolerance(check_forward(q, k, v, out, lse, causal=True) +
+                            check_backward(dout, q, k, v, *grads, causal=True), "wgmma, torch")
+
+
+def test_inputs_are_imported_without_sync_only_from_the_legacy_stream():
+    """arrays._must_sync: no host sync for stream 1 (the legacy default stream our kernels run
+    on), a sync for any other stream the producer names."""
+    from numba_flash.arrays import _must_sync
+
+    class Exported:
+        def __init__(self, stream):
+            self.__cuda_array_interface__ = {"stream": stream}
+    assert not _must_sync(Exported(1))
+    assert _must_sync(Exported(2)) and _must_sync(Exported(0x7F00))
+
+
 @pytest.mark.parametrize("d, dtype, nq", [(1, np.float32, 5), (59, np.float32, 70),
                                           (128, np.float32, 33), (256, np.float64, 9)])
 def test_preprocess_gives_rowsum_and_clears_dq(d, dtype, nq):
