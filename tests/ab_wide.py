@@ -14,7 +14,9 @@ options on a GPU, not a pytest module.
 A pair is a forward and the backward that recomputes its S bit for bit: "steps" (S in steps
 from zero, as registered before 2026-12-02), "pv chained" (the forward's P V chained in the
 tensor core per CHAIN steps; S as "steps"), "chained" (S, dP, P V, dV^T, dK^T, dQ^T all chained
-per CHAIN steps). Each is registered here under "wide <pair>" for both passes; everything goes
+per CHAIN steps), "rotated" (chained, the backward's Q blocks rotated and its dQ added by pairs:
+registered 2026-12-02), "permuted" (rotated, S's contraction permuted within each chained
+product so that Q's and dO's fragments load 16 bytes at a time). Each is registered here under "wide <pair>" for both passes; everything goes
 through the API. Timing uses the benchmark's grid (B*H = (16384 / N) (2048 / d)).
 """
 import functools
@@ -33,14 +35,20 @@ from numba_flash.testing import Case, check_backward, check_forward
 PAIRS = {"steps": (dict(), dict(ahead=True)),
          "pv chained": (dict(pv_chained=True), dict(ahead=True)),
          "chained": (dict(pv_chained=True, s_chained=True),
-                     dict(ahead=True, s_chained=True, w_chained=True))}
+                     dict(ahead=True, s_chained=True, w_chained=True)),
+         "rotated": (dict(pv_chained=True, s_chained=True),
+                     dict(ahead=True, s_chained=True, w_chained=True, rotate=True,
+                          vector_atomics=True)),
+         "permuted": (dict(pv_chained=True, s_chained=True, s_permuted=True, vector_loads=True),
+                      dict(ahead=True, s_chained=True, w_chained=True, rotate=True,
+                           vector_atomics=True, s_permuted=True, vector_loads=True))}
 
 
 def _forward(forward_options, block_m, block_n, head_dim, causal, dtype):
     if not forward_wgmma_wide.applies(head_dim, dtype, block_m, block_n):
         raise ValueError(f"the wide forward does not apply to d = {head_dim}, {dtype}, "
                          f"{block_m} x {block_n} tiles")
-    return forward_wgmma_wide.make_wide_kernel(bool(causal), **forward_options)
+    return forward_wgmma_wide.launcher(bool(causal), **forward_options)
 
 
 for _pair, (_fwd, _bwd) in PAIRS.items():

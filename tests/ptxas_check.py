@@ -44,19 +44,26 @@ def kernels():
         yield f"forward_wgmma {opts}", kernel.kernel.py_func, FORWARD_ARGS
     for opts in (dict(), dict(causal=True), dict(pv_chained=True),
                  dict(causal=True, pv_chained=True), dict(pv_chained=True, s_chained=True),
-                 dict(causal=True, pv_chained=True, s_chained=True)):
+                 dict(causal=True, pv_chained=True, s_chained=True),
+                 dict(forward_wgmma_wide.REGISTERED),
+                 dict(forward_wgmma_wide.REGISTERED, causal=True),
+                 dict(forward_wgmma_wide.REGISTERED, vector_loads=False),
+                 dict(forward_wgmma_wide.REGISTERED, rotate=True)):
         kernel, _ = forward_wgmma_wide.make_wide_kernel(**{"causal": False, **opts})
         yield f"wide forward {opts}", kernel.kernel.py_func, FORWARD_ARGS
-    for paired_steps, ahead in ((False, False), (True, False), (True, True)):
-        kernel, _ = backward_wgmma.make_lean_kernel(False, paired_steps, ahead)
-        yield (f"lean backward paired_steps={paired_steps} ahead={ahead}",
+    for opts in ((False, False), (True, False), (True, True), (True, True, True, True)):
+        kernel, _ = backward_wgmma.make_lean_kernel(False, *opts)
+        yield (f"lean backward (paired_steps, ahead, rotate, vector_atomics)={opts}",
                kernel.kernel.py_func, BACKWARD_ARGS)
     for opts in (dict(), dict(ahead=True), dict(causal=True, ahead=True),
                  dict(s_chained=True), dict(ahead=True, s_chained=True),
                  dict(causal=True, ahead=True, s_chained=True),
                  dict(s_chained=True, w_chained=True),
                  dict(ahead=True, s_chained=True, w_chained=True),
-                 dict(causal=True, ahead=True, s_chained=True, w_chained=True)):
+                 dict(causal=True, ahead=True, s_chained=True, w_chained=True),
+                 dict(backward_wgmma_wide.REGISTERED),
+                 dict(backward_wgmma_wide.REGISTERED, causal=True),
+                 dict(backward_wgmma_wide.REGISTERED, vector_atomics=False, vector_loads=False)):
         kernel, _ = backward_wgmma_wide.make_wide_kernel(**{"causal": False, **opts})
         yield f"wide backward {opts}", kernel.kernel.py_func, BACKWARD_ARGS
 

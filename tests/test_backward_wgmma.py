@@ -122,3 +122,40 @@ def test_wide_backward_applies_where_lean_does_not():
                          ids=lambda c: c.name)
 def test_gpu_wide_backward_within_tolerance(case):
     check_case(case, "wgmma")
+
+
+def run_wide_pair(case, forward_options, backward_options):
+    """out, lse, dq, dk, dv of the wide forward and backward with these options (B = H = 1)."""
+    from numba import cuda
+
+    from numba_flash.kernels import forward_wgmma_wide
+    q, k, v, dout = (cuda.to_device(x.reshape(1, *x.shape[-2:])) for x in case.inputs(np.float32))
+    nq, d = q.shape[1:]
+    scale = np.float32(1 / np.sqrt(d))
+    kernel, threads = forward_wgmma_wide.launcher(case.causal, **forward_options)
+    out, lse = cuda.device_array(q.shape, np.float32), cuda.device_array((1, nq), np.float32)
+    kernel[(-(-nq // forward_wgmma_wide.BLOCK_M), 1), threads](q, k, v, out, lse, scale, 1, 1)
+    dq, dk, dv = (cuda.device_array(x.shape, np.float32) for x in (q, k, v))
+    backward_wgmma_wide.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale, heads=1,
+                                     group=1, causal=case.causal, **backward_options)
+    return [x.copy_to_host() for x in (out, lse, dq, dk, dv)]
+
+
+@pytest.mark.parametrize("case", [Case("d = 128, causal", 1, 1, 1, 70, 65, 128, causal=True),
+                                  Case("d = 111", 1, 1, 1, 70, 40, 111)], ids=lambda c: c.name)
+def test_wide_pair_s_permuted_is_the_unpermuted_bit_for_bit_on_the_simulator(case):
+    """s_permuted reorders S and dP's contraction within each chained product (K and V staged
+    alike, dQ^T's rows read where they went). The simulator's chained product rounds an exact
+    sum once, so there the order changes nothing: any difference is a fragment against the
+    wrong B entries or dQ written to the wrong columns. d = 128 runs the 16-byte loads and
+    vector atomics, d = 111 the scalar variant (AlignedDispatch)."""
+    from numba_flash.kernels.common import SIMULATOR
+    if not SIMULATOR:
+        pytest.skip("on a GPU the tensor core's chained sums depend on the order")
+    chained = dict(pv_chained=True, s_chained=True)
+    backward = dict(backward_wgmma_wide.REGISTERED, s_permuted=False, vector_loads=False)
+    plain = run_wide_pair(case, chained, backward)
+    permuted = run_wide_pair(case, dict(chained, s_permuted=True, vector_loads=True),
+                             dict(backward, s_permuted=True, vector_loads=True))
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), plain, permuted):
+        assert np.array_equal(a, b), name

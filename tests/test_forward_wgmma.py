@@ -55,7 +55,7 @@ def test_wgmma_forward_falls_back_to_fa2_where_it_does_not_apply():
     # 64 < d <= 128: forward_wgmma_wide at its 128 x 64 tiles
     assert forward_wgmma.default_blocks_or_fallback(65, np.float32) == (128, 64)
     assert forward_wgmma.make_forward_kernel(128, 64, 128, True, np.float32) is \
-        forward_wgmma_wide.make_wide_kernel(True, pv_chained=True, s_chained=True)
+        forward_wgmma_wide.launcher(True, **forward_wgmma_wide.REGISTERED)
 
 
 # 64 < d <= 128: forward_wgmma_wide, then backward_wgmma_wide (two warpgroups each); a causal

@@ -58,7 +58,7 @@ from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, Dynamic
                      ceil_div, device_function, kernel_jit)
 from .fa2_tiles import ALIGN
 from .mma import split_tf32
-from .vector_io import AlignedDispatch
+from .vector_io import AlignedDispatch, load4
 from .vector_io import add2 as red_add2    # (this module has its own add2)
 from .wgmma import (CHAIN, SCRATCH, STEP, WARPGROUP,
                     fence_proxy_async, position, products)
@@ -94,7 +94,18 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
                          f"block_n={block_n}")
 
 
-def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False):
+@device_function
+def chain_column(c):
+    """The source column that column c of a chain-permuted tile holds. Within each 32 columns
+    (one chained product of CHAIN = 4 steps of 8), contraction index 8 s + t + 4 e (step s,
+    t = lane % 4 of the register A fragment, e = 0 or 1 its two k entries) is column
+    8 t + 2 s + e: each thread's 8 entries of a row are then 8 contiguous columns."""
+    k = c % U(32)
+    return c - k + U(8) * (k % U(4)) + U(2) * (k // U(8)) + (k % U(8)) // U(4)
+
+
+def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False,
+               chain_permuted=False):
     """stage and fetch for tiles K-major over the head dim (transposed: over the rows).
     permuted (with transposed): within each 8-group of the contraction, position k holds row
     2 (k % 4) + k // 4, so that a C fragment is a register A fragment against this tile
@@ -102,9 +113,12 @@ def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False):
     flight (a divisor of 32). per_warpgroup: stage runs in a block of several warpgroups, each
     staging its own tiles (thread index taken modulo 128; a separate option because that
     one instruction moved ptxas's allocation of the timed one-warpgroup forward, 170 -> 188
-    registers)."""
+    registers). chain_permuted (not transposed): the tile's column c holds the source's column
+    chain_column(c), so that a chained product's register A fragments, loaded by
+    make_chain_fragments(permuted=True), are runs of 8 contiguous columns (see there)."""
     BATCH = loads
     GROUPS = per_warpgroup
+    CHAIN_PERMUTED = chain_permuted and not transposed
     @device_function
     def contraction_index(c_t):
         if permuted:
@@ -116,6 +130,8 @@ def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False):
         """Element x * 128 + tid of the tile (see stage), or zero outside src."""
         r = U(8 * (x // 4)) + r_t
         c = U(16 * (x % 4)) + c_t
+        if CHAIN_PERMUTED:
+            c = chain_column(c)
         if transposed:
             r, c = c, r
         c += col0
@@ -237,6 +253,22 @@ def transposed_fragment_paired(sm, at, s, warp, lane):
 
 
 @device_function
+def transposed_fragment_chain_paired(sm, at, s, warp, lane):
+    """transposed_fragment_paired for a chain-permuted tile (make_stage's chain_permuted: its
+    column b holds source column chain_column(b)): the thread's rows g and g + 8 are source
+    columns 16 warp + 2 g and + 1 again, read from the tile's columns that hold them (the
+    second 4 after the first)."""
+    # core_offset(8 s + t (+ 4), b (+ 4), 64) with b = 32 (warp // 2) + 8 (g % 4)
+    # + 2 (warp % 2) + g // 4, the column holding source column 16 warp + 2 g
+    g, t = lane // U(4), lane % U(4)
+    o0 = (at + U(512) * U(s) + (U(8) * (warp // U(2)) + U(2) * (g % U(4))) * U(32) + t * U(4)
+          + U(2) * (warp % U(2)) + g // U(4))
+    o1, o2, o3 = o0 + U(32), o0 + U(16), o0 + U(48)
+    return ((sm[o0], sm[o1], sm[o2], sm[o3]),
+            (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
+
+
+@cuda.jit(device=True)     # (cuda.atomic: not a plain function on the simulator)
 def add_dq(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
     """dQ^T's accumulator (rows: the head dim 16 rows.., columns: queries m0..; A read by
     transposed_fragment) times scale, added into dq[bh] by scalar atomics."""
@@ -247,6 +279,20 @@ def add_dq(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
             i = m0 + U(8 * nt + e % 2) + t4 * U(2)
             if i < nq and c < d:
                 cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
+
+
+@cuda.jit(device=True)     # (cuda.atomic: not a plain function on the simulator)
+def add_dq_pairs_by_element(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
+    """add_dq_pairs with two scalar atomics per pair (any d, any alignment)."""
+    g4, t4 = lane // U(4), lane % U(4)
+    c = U(16) * rows + U(2) * g4
+    for nt in range(REGS // 4):
+        for b in range(2):
+            i = m0 + U(8 * nt + b) + t4 * U(2)
+            if i < nq and c < d:
+                cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + b] * scale)
+            if i < nq and c + U(1) < d:
+                cuda.atomic.add(dq, (bh, i, c + U(1)), dq_acc[4 * nt + 2 + b] * scale)
 
 
 @device_function
@@ -473,19 +519,51 @@ def make_global_fragment(transposed, split=True):
 
 
 @functools.lru_cache(maxsize=None)
-def make_chain_fragments(transposed):
+def make_chain_fragments(transposed, permuted=False, vector=False):
     """chain_elements(x, src, head, row0, s0, mult, d, warp, lane): the elements of the register
     A fragments of steps s0..s0 + CHAIN of X (make_global_fragment's X) into the local array
     x, step s0 + s's four at 4 s..; with split_chain(a_big, a_small, x), the A operand of
-    wgmma's chained_3xtf32_regs (the same TF32 parts as global_fragment's)."""
+    wgmma's chained_3xtf32_regs (the same TF32 parts as global_fragment's).
+    permuted (not transposed): X's contraction index permuted by chain_column, against a B tile
+    staged so (make_stage's chain_permuted): a thread's 8 entries of each of its two rows are
+    then 8 contiguous columns, 8 (lane % 4).. of the chain's 32, read as one run. vector (with
+    permuted): each run as two 16-byte loads (vector_io.load4: src's data and rows 16-byte
+    aligned, d % 4 == 0, the caller's promise), else element by element."""
     elements = make_global_fragment(transposed, split=False)
+    PERMUTED, VECTOR = permuted and not transposed, vector and permuted and not transposed
+    zeros = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+
+    @device_function
+    def run_of_8(src, head, row, c, mult, n, d, x, h):
+        """src[head, row, c:c + 8] * mult (zero outside src) into x as rows h (0: the
+        thread's first row, 1: the one 8 below) of a chain's fragments: column c + 2 s + e is
+        step s's entry of k index lane % 4 + 4 e (chain_column)."""
+        if VECTOR:      # d % 4 == 0 and c % 8 == 0: each run of 4 is all inside or all out
+            lo = load4(src, head, row, c) if row < n and c < d else zeros
+            hi = load4(src, head, row, c + U(4)) if row < n and c + U(4) < d else zeros
+            for u in range(4):
+                x[4 * (u // 2) + 2 * (u % 2) + h] = lo[u] * mult
+                x[4 * (2 + u // 2) + 2 * (u % 2) + h] = hi[u] * mult
+        else:
+            for u in range(8):
+                val = float32(0.0)
+                if row < n and c + U(u) < d:
+                    val = src[head, row, c + U(u)] * mult
+                x[4 * (u // 2) + 2 * (u % 2) + h] = val
 
     @device_function
     def chain_elements(x, src, head, row0, s0, mult, d, warp, lane):
-        for s in range(CHAIN):
-            e4 = elements(src, head, row0, s0 + s, mult, d, warp, lane)
-            for e in range(4):
-                x[4 * s + e] = e4[e]
+        if PERMUTED:
+            n = U(src.shape[1])
+            r = row0 + warp * U(16) + lane // U(4)
+            c = U(STEP) * s0 + U(8) * (lane % U(4))
+            run_of_8(src, head, r, c, mult, n, d, x, 0)
+            run_of_8(src, head, r + U(8), c, mult, n, d, x, 1)
+        else:
+            for s in range(CHAIN):
+                e4 = elements(src, head, row0, s0 + s, mult, d, warp, lane)
+                for e in range(4):
+                    x[4 * s + e] = e4[e]
     return chain_elements
 
 

@@ -50,16 +50,16 @@ from numba import cuda, float32
 
 from .backward_fa2 import _recompute_p
 from .backward_wgmma import (BLOCK, CHAIN_A, D_PAD, DQ_ARG, REGS, STEP_FLOATS, STEPS, TILE, add,
-                             add_dq, add_dq_pairs, add_in_turn, clear, make_accumulate_w,
-                             make_accumulate_w_chained, make_chain_fragments,
+                             add_dq, add_dq_pairs, add_dq_pairs_by_element, add_in_turn, clear,
+                             make_accumulate_w, make_accumulate_w_chained, make_chain_fragments,
                              make_global_fragment, make_stage, row_stats, split_chain,
                              split_fragment, store_dkdv, transposed_fragment,
-                             transposed_fragment_paired)
-from .vector_io import AlignedDispatch
+                             transposed_fragment_chain_paired, transposed_fragment_paired)
 from .common import (DYNAMIC_SHARED_MEMORY_BYTES, SIMULATOR, U, DynamicSharedKernel,
                      kernel_jit)
 from .fa2_tiles import ALIGN
 from .mma import split_tf32
+from .vector_io import AlignedDispatch
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, products
 
 D_WIDE = 2 * D_PAD          # the head dim, zero-padded: two halves of 64
@@ -100,12 +100,14 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 # blocks taken in rotated order (1.15-1.19x at N = 1k-8k, H200 2026-12-02; 1.11-1.17x with the
 # dQ atomics left out, so not only their contention: a head's K/V blocks had all read the same
 # Q and dO rows and added into the same dQ rows at once; tests/ab_backward_parts.py)
-REGISTERED = dict(ahead=True, s_chained=True, w_chained=True, rotate=True, vector_atomics=True)
+REGISTERED = dict(ahead=True, s_chained=True, w_chained=True, rotate=True, vector_atomics=True,
+                  s_permuted=True, vector_loads=True)
 
 
 @functools.lru_cache(maxsize=None)
 def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rotate=False,
-                     dq_atomics=True, vector_atomics=False):
+                     dq_atomics=True, vector_atomics=False, s_permuted=False,
+                     vector_loads=False):
     """The kernel: grid (ceil(Nk / 64), B*Hk), 256 threads, arguments (q, k, v, dout, lse, D,
     dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, d <= 128, dq holding zeros
     (dQ is added with atomics). ahead: the A fragments from global memory (S, dP, dV^T, dK^T)
@@ -117,18 +119,32 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rota
     blocks starting at the x-th (mod their number), so that the blocks of a head, which run at
     once, add into different dQ rows instead of all into the same ones (the same sums in another
     order). dq_atomics=False: dQ is not added into dq (wrong dq; to time what the atomics
-    cost). vector_atomics: backward_wgmma.make_lean_kernel's (dQ by pairs of columns)."""
+    cost). vector_atomics: backward_wgmma.make_lean_kernel's (dQ by pairs of columns).
+    s_permuted (with s_chained): S and dP's contraction (the head dim)
+    permuted within each chained product (backward_wgmma.chain_column; K and V staged so), so
+    that a thread's A entries are runs of 8 contiguous columns of Q or dO, as
+    forward_wgmma_wide.make_wide_kernel(s_permuted=True) forms S; vector_loads (with
+    s_permuted): those runs read 16 bytes at a time (q and dout 16-byte aligned, d % 4 == 0:
+    run_backward's AlignedDispatch)."""
+    if s_permuted and not s_chained:
+        raise ValueError("s_permuted is written for s_chained")
+    if vector_loads and not s_permuted:
+        raise ValueError("vector_loads needs s_permuted")
     AHEAD, S_CHAINED, W_CHAINED, ROTATE, DQ_ATOMICS = (ahead, s_chained, w_chained, rotate,
                                                        dq_atomics)
     dq_fragment = transposed_fragment_paired if vector_atomics else transposed_fragment
     add_dq_acc = add_dq_pairs if vector_atomics else add_dq
+    if s_permuted:      # K's tile columns permuted: dQ^T's A rows read where they are, paired
+        dq_fragment = transposed_fragment_chain_paired
+        if not vector_atomics:
+            add_dq_acc = add_dq_pairs_by_element
     prod = products(BLOCK, D_PAD, D_PAD)
     step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
-    chain_elements = make_chain_fragments(False)
+    chain_elements = make_chain_fragments(False, s_permuted, vector_loads)
     recompute_p = _recompute_p(float32, causal)
     fragment = make_global_fragment(False)
     elements = make_global_fragment(False, split=False)
-    stage, _ = make_stage(False, per_warpgroup=True)
+    stage, _ = make_stage(False, per_warpgroup=True, chain_permuted=s_permuted)
     uBM = U(BLOCK)
 
     # acc += X^T W with X^T's rows this warpgroup's half (rows = warp + 4 w): lean's helper
@@ -302,18 +318,25 @@ def make_wide_kernel(causal, ahead=False, s_chained=False, w_chained=False, rota
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m=BLOCK, block_n=BLOCK, ahead=False, s_chained=False,
-                 w_chained=False, rotate=False, dq_atomics=True, vector_atomics=False):
+                 w_chained=False, rotate=False, dq_atomics=True, vector_atomics=False,
+                 s_permuted=False, vector_loads=False):
     """Launch the preprocess kernel (D = rowsum(dO * O), dq zeroed) and the wide kernel on 3-D
     float32 device arrays (backward.run_backward's contract); ValueError where `check` does
     not allow the case. dQ comes from atomics: not bitwise reproducible. ahead, s_chained,
-    w_chained, rotate, dq_atomics: make_wide_kernel's; vector_atomics: make_wide_kernel's where
-    dq is 16-byte aligned (its data and rows: d % 4 == 0), scalar atomics otherwise."""
+    w_chained, rotate, dq_atomics, s_permuted: make_wide_kernel's; vector_atomics (and
+    vector_loads): make_wide_kernel's where dq (and q, dout) are 16-byte aligned (their data and
+    rows: d % 4 == 0), scalar atomics (and loads) otherwise."""
     from .backward_wgmma import launch_with_preprocess
     check(q.shape[2], q.dtype, block_m, block_n)
     options = (bool(causal), bool(ahead), bool(s_chained), bool(w_chained), bool(rotate),
                bool(dq_atomics))
-    kernel, threads = make_wide_kernel(*options)
-    if vector_atomics:
-        kernel = AlignedDispatch(make_wide_kernel(*options, True)[0], kernel, (DQ_ARG,))
+    if s_permuted:      # the scalar variant must permute S alike (its dQ pairs: by element)
+        kernel, threads = make_wide_kernel(*options, False, True, False)
+        vector = make_wide_kernel(*options, True, True, bool(vector_loads))[0]
+        kernel = AlignedDispatch(vector, kernel, (0, 3, DQ_ARG) if vector_loads else (DQ_ARG,))
+    else:
+        kernel, threads = make_wide_kernel(*options)
+        if vector_atomics:
+            kernel = AlignedDispatch(make_wide_kernel(*options, True)[0], kernel, (DQ_ARG,))
     launch_with_preprocess(kernel, threads, dout, q, k, v, lse, out, dq, dk, dv, scale=scale,
                            heads=heads, group=group)

@@ -356,8 +356,8 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, **options):
     if applies(head_dim, dtype, block_m, block_n):
         return make_wgmma_kernel(bool(causal), **{**REGISTERED, **options})
     if forward_wgmma_wide.applies(head_dim, dtype, block_m, block_n):
-        return forward_wgmma_wide.make_wide_kernel(bool(causal),
-                                                   **{**forward_wgmma_wide.REGISTERED, **options})
+        return forward_wgmma_wide.launcher(bool(causal),
+                                           **{**forward_wgmma_wide.REGISTERED, **options})
     return forward_fa2.make_forward_kernel(block_m, block_n, head_dim, causal, dtype)
 
 

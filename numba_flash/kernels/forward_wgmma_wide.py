@@ -52,6 +52,7 @@ from .fa2_tiles import ALIGN
 from .forward_wgmma import (STAGE_LOADS, finish_rows, first_block, make_online_softmax,
                             split_p_chain)
 from .mma import split_tf32
+from .vector_io import AlignedDispatch
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
 BLOCK_M = 2 * BLOCK          # query rows per block: 64 per warpgroup
@@ -72,13 +73,15 @@ def applies(head_dim, dtype, block_m=BLOCK_M, block_n=BLOCK):
 
 
 # what the registered "wgmma" forward runs (forward_wgmma.make_forward_kernel): S and P V chained
-# per CHAIN steps, 1.05-1.16x the steps from zero at N = 1k-8k (H200, 2026-12-02, tests/ab_wide.py)
-REGISTERED = dict(pv_chained=True, s_chained=True)
+# per CHAIN steps, 1.05-1.16x the steps from zero at N = 1k-8k (H200, 2026-12-02, tests/ab_wide.py);
+# S's contraction permuted so that Q's fragments load 16 bytes at a time (as the backward's)
+REGISTERED = dict(pv_chained=True, s_chained=True, s_permuted=True, vector_loads=True)
 
 
 @functools.lru_cache(maxsize=None)
 def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
-                     pv_chained=False, s_chained=False, rotate=False):
+                     pv_chained=False, s_chained=False, rotate=False, s_permuted=False,
+                     vector_loads=False):
     """The kernel: grid (ceil(Nq / 128), B*H), 256 threads, arguments (q, k, v, out, lse,
     scale, heads, group) on (B*H, N, d) float32 device arrays, d <= 128. loads: global loads
     in flight per thread while staging K and V^T. s_paired / pv_paired: two steps of S, or
@@ -92,15 +95,22 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
     products of CHAIN steps chained in the tensor core (4 waits instead of 16), as
     backward_wgmma_wide.make_wide_kernel(s_chained=True) forms it, the backward that then
     recomputes it bit for bit. rotate: forward_wgmma.make_wgmma_kernel's (each Q block starts at
-    another K/V block)."""
+    another K/V block). s_permuted (with s_chained): S's contraction permuted within each
+    chained product, K staged so, as backward_wgmma_wide.make_wide_kernel(s_permuted=True)
+    forms it; vector_loads (with s_permuted): Q's runs of 8 columns read 16 bytes at a time
+    (q 16-byte aligned, d % 4 == 0; `launcher` picks by the arguments)."""
+    if s_permuted and not s_chained:
+        raise ValueError("s_permuted is written for s_chained")
+    if vector_loads and not s_permuted:
+        raise ValueError("vector_loads needs s_permuted")
     ROTATE = rotate
-    stage_k, _ = make_stage(False, loads=loads, per_warpgroup=True)
+    stage_k, _ = make_stage(False, loads=loads, per_warpgroup=True, chain_permuted=s_permuted)
     stage_vt, _ = make_stage(True, permuted=True, loads=loads, per_warpgroup=True)
     prod = products(BLOCK, D_PAD, D_PAD)
     step_regs, step2_regs = prod["step_3xtf32_regs"], prod["step2_3xtf32_regs"]
     chained_regs = prod["chained_3xtf32_regs"]
     fragment = make_global_fragment(False)
-    chain_elements = make_chain_fragments(False)
+    chain_elements = make_chain_fragments(False, s_permuted, vector_loads)
     online_softmax = make_online_softmax(causal)
     PV_PAIRED, S_PAIRED, PV_CHAINED, S_CHAINED = pv_paired, s_paired, pv_chained, s_chained
     uBN = U(BLOCK)
@@ -271,3 +281,15 @@ def make_wide_kernel(causal, loads=STAGE_LOADS, pv_paired=False, s_paired=False,
                     out[bh, i, c + U(D_PAD)] = o1[j] * inv
 
     return simulator_launch(DynamicSharedKernel(forward_wgmma_wide, NBYTES)), THREADS
+
+
+@functools.lru_cache(maxsize=None)
+def launcher(causal, **options):
+    """(kernel, threads) of make_wide_kernel(causal, **options); with vector_loads, a launcher
+    that runs it where q is 16-byte aligned (its data and rows: d % 4 == 0) and the same kernel
+    with scalar loads otherwise (vector_io.AlignedDispatch)."""
+    if not options.get("vector_loads"):
+        return make_wide_kernel(causal, **options)
+    kernel, threads = make_wide_kernel(causal, **options)
+    scalar = make_wide_kernel(causal, **dict(options, vector_loads=False))[0]
+    return AlignedDispatch(kernel, scalar, (0,)), threads
