@@ -1,7 +1,8 @@
 """Backward kernels: D = rowsum(dO * O), then dK/dV and dQ, from q, k, v, out, lse only.
 
 Three launches, none with atomics, so results are bitwise reproducible run after run:
-  preprocess  D_i = sum_c dO_ic O_ic, one thread per query row.
+  preprocess  D_i = sum_c dO_ic O_ic: a block reads its rows coalesced into shared memory, then
+              one thread per query row sums (make_preprocess_kernel; shared by every backward).
   dkdv        grid over K/V blocks (B*Hk of them per block index): the outer loop holds K_j, V_j
               and the dK_j, dV_j accumulators; the inner loop walks the query heads that share
               this key head (GQA) and their Q blocks, recomputes P_ij = exp(S_ij - lse_i) and

@@ -824,7 +824,8 @@ def run_or_fallback(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group,
     """The registered "wgmma" backward: the lean kernel with paired steps and fragments loaded
     ahead, its Q blocks in rotated order (run_backward(lean=True, paired_steps=True, ahead=True,
     rotate=True): paired steps 1.05-1.10x lean's steps one per wait, ahead 1.04-1.08x paired
-    steps, H200 2026-12-01; rotate 1.11-1.13x at N = 1k-8k, 2026-12-02) where
+    steps, H200 2026-12-01; rotate 1.11-1.13x at N = 1k-8k in one A/B and 0.98-1.01x in a
+    second, vector_atomics 1.07x, 2026-12-02, tests/ab_backward_parts.py) where
     `applies` (float32, d <= 64, 64 x 64 tiles, an sm_90 GPU or the simulator), the two-
     warpgroup kernel of backward_wgmma_wide where 64 < d <= 128 (the same conditions
     otherwise) with its REGISTERED options (ahead: 1.03-1.09x without; S chained as the

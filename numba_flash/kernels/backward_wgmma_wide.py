@@ -3,7 +3,11 @@
 it where 64 < d <= 128 (backward_wgmma.run_or_fallback) with its REGISTERED options; the lean
 kernel of backward_wgmma.py covers d <= 64 with one warpgroup. Every product is 3xTF32
 (wgmma.py), two steps per wait, or (registered: s_chained, w_chained) chained in the tensor
-core per CHAIN = 4 steps, S as the registered wide forward chains it.
+core per CHAIN = 4 steps, S as the registered wide forward chains it. Registered also (since
+2026-12-02): rotate (each K/V block starts at another Q block), vector_atomics (dQ by pairs of
+columns) and s_permuted with vector_loads (S and dP's contraction permuted within each chained
+product, backward_wgmma.chain_column, so that Q's and dO's A fragments load 16 bytes at a time;
+K and V staged alike; the forward permutes S the same way).
 
 Why two warpgroups. At d = 128 one warpgroup would hold dK^T and dV^T (128 x 64 each: 64
 registers per thread apiece) beside S and dP, more than 255 registers; and K and V alone, as
@@ -97,9 +101,12 @@ def check(head_dim, dtype, block_m=BLOCK, block_n=BLOCK):
 # what the registered "wgmma" backward runs (backward_wgmma.run_or_fallback): fragments ahead,
 # and S chained as the registered forward chains it (forward_wgmma_wide.REGISTERED; dP and the
 # accumulating products chained too: 0.95-1.04x the steps from zero, H200 2026-12-02), the Q
-# blocks taken in rotated order (1.15-1.19x at N = 1k-8k, H200 2026-12-02; 1.11-1.17x with the
-# dQ atomics left out, so not only their contention: a head's K/V blocks had all read the same
-# Q and dO rows and added into the same dQ rows at once; tests/ab_backward_parts.py)
+# blocks taken in rotated order (a head's K/V blocks had all read the same Q and dO rows and
+# added into the same dQ rows at once: 1.15-1.19x at N = 1k-8k in one A/B, H200 2026-12-02
+# 06:14 UTC, 1.11-1.17x with the dQ atomics left out; 1.02-1.09x in a second, 06:37, against
+# the Q loop in its new form; tests/ab_backward_parts.py), dQ by pairs of columns (1.02-1.04x),
+# S and dP's contraction permuted for 16-byte loads of Q and dO (1.04-1.20x, 07:14 UTC,
+# tests/ab_wide.py time rotated permuted; as forward_wgmma_wide.REGISTERED forms S)
 REGISTERED = dict(ahead=True, s_chained=True, w_chained=True, rotate=True, vector_atomics=True,
                   s_permuted=True, vector_loads=True)
 

@@ -11,6 +11,10 @@ memory and split by the same function (backward_wgmma.make_global_fragment), B =
 its two 64-column halves by the same `stage`; with s_chained the same four chained products of
 4 steps added in order (the registered pair), without it the same 16 steps from zero added in
 step order (the backward waits once per two steps, this kernel once per step: the same sums).
+Registered since 2026-12-02 07:14 UTC: s_permuted with vector_loads, the contraction permuted
+within each chained product (backward_wgmma.chain_column, K staged alike) so that a thread's
+scale Q entries are runs of 8 contiguous columns read 16 bytes at a time (1.11-1.16x the
+unpermuted chained kernel, tests/ab_wide.py time rotated permuted), as the backward forms S.
 
 Per warpgroup (rows i), over K/V blocks (rows j), the online softmax of forward_wgmma:
   S = (scale Q) K^T,  m_new = max(m, rowmax S),  P = exp(S - m_new),
