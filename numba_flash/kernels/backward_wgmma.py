@@ -281,34 +281,37 @@ def add_dq(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
                 cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
 
 
-@cuda.jit(device=True)     # (cuda.atomic: not a plain function on the simulator)
-def add_dq_pairs_by_element(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
-    """add_dq_pairs with two scalar atomics per pair (any d, any alignment)."""
-    g4, t4 = lane // U(4), lane % U(4)
-    c = U(16) * rows + U(2) * g4
-    for nt in range(REGS // 4):
-        for b in range(2):
-            i = m0 + U(8 * nt + b) + t4 * U(2)
-            if i < nq and c < d:
-                cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + b] * scale)
-            if i < nq and c + U(1) < d:
-                cuda.atomic.add(dq, (bh, i, c + U(1)), dq_acc[4 * nt + 2 + b] * scale)
+def _make_add_dq_pairs(vector):
+    """add_dq_pairs (vector: one red.global.add.v2.f32 per pair) or add_dq_pairs_by_element
+    (two scalar atomics per pair)."""
+    VECTOR = vector
+
+    @cuda.jit(device=True)     # (cuda.atomic: not a plain function on the simulator)
+    def add_pairs(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
+        g4, t4 = lane // U(4), lane % U(4)
+        c = U(16) * rows + U(2) * g4
+        for nt in range(REGS // 4):
+            for b in range(2):
+                i = m0 + U(8 * nt + b) + t4 * U(2)
+                x0, x1 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale
+                if VECTOR:
+                    if i < nq and c < d:
+                        red_add2(dq, bh, i, c, (x0, x1))
+                else:
+                    if i < nq and c < d:
+                        cuda.atomic.add(dq, (bh, i, c), x0)
+                    if i < nq and c + U(1) < d:
+                        cuda.atomic.add(dq, (bh, i, c + U(1)), x1)
+    return add_pairs
 
 
-@device_function
-def add_dq_pairs(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
-    """add_dq for an accumulator whose A was read by transposed_fragment_paired: entries e and
-    e + 2 are head-dim columns c and c + 1 (c even) of one dq row, added by one
-    red.global.add.v2.f32 (vector_io.add2: d even and dq's rows 8-byte aligned, the caller's
-    promise). Half the atomic instructions, each changing 8 bytes."""
-    g4, t4 = lane // U(4), lane % U(4)
-    c = U(16) * rows + U(2) * g4
-    for nt in range(REGS // 4):
-        for b in range(2):
-            i = m0 + U(8 * nt + b) + t4 * U(2)
-            if i < nq and c < d:
-                red_add2(dq, bh, i, c, (dq_acc[4 * nt + b] * scale,
-                                        dq_acc[4 * nt + 2 + b] * scale))
+# add_dq for an accumulator whose A was read by transposed_fragment_paired (or _chain_paired):
+# entries e and e + 2 are head-dim columns c and c + 1 (c even) of one dq row.
+# add_dq_pairs: one red.global.add.v2.f32 per pair (vector_io.add2: d even and dq's rows 8-byte
+# aligned, the caller's promise): half the atomic instructions, each changing 8 bytes.
+# add_dq_pairs_by_element: two scalar atomics per pair (any d, any alignment).
+add_dq_pairs = _make_add_dq_pairs(True)
+add_dq_pairs_by_element = _make_add_dq_pairs(False)
 
 
 @device_function
