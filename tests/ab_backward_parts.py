@@ -6,8 +6,9 @@ For N = 1k, 4k, 8k on the benchmark's grid (B*H = (16384 / N) (2048 / d)), float
 forward and backward (wall time, as the benchmark times them), then with CUDA events and every
 array allocated beforehand: the preprocess kernel (D = rowsum(dO * O), dq zeroed), the dK/dV/dQ
 kernel as registered before 2026-12-02 (scalar dQ atomics, Q blocks in order), with `rotate`
-(each K/V block starts at another Q block), as registered now (rotate and vector atomics), and
-(d > 64) without its dQ atomics (a wrong dq: what the atomics cost); the API on torch tensors
+(each K/V block starts at another Q block), with vector atomics too, as registered now (at
+d > 64 also S permuted for 16-byte loads), and (d > 64) without its dQ atomics (a wrong dq:
+what the atomics cost); the API on torch tensors
 (as the benchmark calls it) and the allocation of dq, dk, dv. Then the registered forward
 kernel and its `rotate` option (each Q block starts at another K/V block).
 """
@@ -67,17 +68,20 @@ def main(dims):
             run_pre = lambda: run_preprocess(do3, o3, D, dq, clear=True)
             print(f"  preprocess: {event_ms(run_pre):.3f} ms", flush=True)
             scale = np.float32(1 / np.sqrt(d))
-            variants = {"scalar atomics, no rotate": dict(rotate=False, vector_atomics=False),
-                        "rotate": dict(rotate=True, vector_atomics=False),
+            plain = dict(s_permuted=False, vector_loads=False)
+            variants = {"scalar atomics, no rotate": dict(plain, rotate=False,
+                                                          vector_atomics=False),
+                        "rotate": dict(plain, rotate=True, vector_atomics=False),
+                        "rotate, vector atomics": plain,
                         "registered": {}}
             if d > 64:
                 variants["registered, no dQ atomics"] = dict(dq_atomics=False)
             for label, opts in variants.items():
                 if d > 64:
-                    options = dict(backward_wgmma_wide.REGISTERED, **opts)
-                    vector = options.pop("vector_atomics")
-                    kernel, threads = backward_wgmma_wide.make_wide_kernel(False, **options,
-                                                                           vector_atomics=vector)
+                    kernel, threads = backward_wgmma_wide.make_wide_kernel(
+                        False, **dict(backward_wgmma_wide.REGISTERED, **opts))
+                elif label == "rotate, vector atomics":
+                    continue            # d <= 64 has no permuted S: that is the registered one
                 else:
                     kernel, threads = backward_wgmma.make_lean_kernel(
                         False, True, True, opts.get("rotate", True),
