@@ -139,15 +139,25 @@ def empty_device(shape, dtype, like=None):
     if like is None and getattr(_allocating, "stack", None):
         like = _allocating.stack[-1]
     kind = kind_of(like) if like is not None else "numba"
+    # A pool hands a freed block to the next allocation on its stream without waiting: only
+    # safe while that stream is the legacy default stream, which our kernels run on too (a
+    # workspace such as D is freed as soon as its kernels are queued)
     if kind == "torch":
         import torch
-        owner = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name), device=like.device)
-        arr = cuda.as_cuda_array(owner, sync=False)     # new memory: nothing to wait for
+        if torch.cuda.current_stream(like.device).cuda_stream == 0:
+            owner = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name),
+                                device=like.device)
+            arr = cuda.as_cuda_array(owner, sync=False)     # new memory: nothing to wait for
+        else:
+            kind = "numba"
     elif kind == "cupy":
         import cupy
         with cupy.cuda.Device(like.device.id):
-            arr = cuda.as_cuda_array(cupy.empty(shape, dtype=dtype), sync=False)
-    else:
+            if cupy.cuda.get_current_stream().ptr == 0:
+                arr = cuda.as_cuda_array(cupy.empty(shape, dtype=dtype), sync=False)
+            else:
+                kind = "numba"
+    if kind not in ("torch", "cupy"):
         arr = cuda.device_array(shape, dtype=dtype)
     for meter in AllocationMeter.active:
         meter.bytes += arr.nbytes
