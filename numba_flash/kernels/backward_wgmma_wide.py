@@ -339,8 +339,9 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
                bool(dq_atomics))
     if s_permuted:      # the scalar variant must permute S alike (its dQ pairs: by element)
         kernel, threads = make_wide_kernel(*options, False, True, False)
-        vector = make_wide_kernel(*options, True, True, bool(vector_loads))[0]
-        kernel = AlignedDispatch(vector, kernel, (0, 3, DQ_ARG) if vector_loads else (DQ_ARG,))
+        if vector_atomics or vector_loads:
+            vector = make_wide_kernel(*options, bool(vector_atomics), True, bool(vector_loads))[0]
+            kernel = AlignedDispatch(vector, kernel, (0, 3, DQ_ARG))
     else:
         kernel, threads = make_wide_kernel(*options)
         if vector_atomics:
