@@ -125,20 +125,22 @@ def test_gpu_wide_backward_within_tolerance(case):
 
 
 def run_wide_pair(case, forward_options, backward_options):
-    """out, lse, dq, dk, dv of the wide forward and backward with these options (B = H = 1)."""
-    from numba import cuda
-
-    from numba_flash.kernels import forward_wgmma_wide
-    q, k, v, dout = (cuda.to_device(x.reshape(1, *x.shape[-2:])) for x in case.inputs(np.float32))
-    nq, d = q.shape[1:]
-    scale = np.float32(1 / np.sqrt(d))
-    kernel, threads = forward_wgmma_wide.launcher(case.causal, **forward_options)
-    out, lse = cuda.device_array(q.shape, np.float32), cuda.device_array((1, nq), np.float32)
-    kernel[(-(-nq // forward_wgmma_wide.BLOCK_M), 1), threads](q, k, v, out, lse, scale, 1, 1)
-    dq, dk, dv = (cuda.device_array(x.shape, np.float32) for x in (q, k, v))
-    backward_wgmma_wide.run_backward(dout, q, k, v, lse, out, dq, dk, dv, scale=scale, heads=1,
-                                     group=1, causal=case.causal, **backward_options)
-    return [x.copy_to_host() for x in (out, lse, dq, dk, dv)]
+    """out, lse, dq, dk, dv of the wide forward and backward with these options, registered
+    for the call under one name (the API is the way to run them)."""
+    from numba_flash.kernels import FORWARD, forward_wgmma, forward_wgmma_wide, register_forward
+    name = "wide pair (test)"
+    register_forward(name, lambda bm, bn, d, causal, dtype: forward_wgmma_wide.launcher(
+        bool(causal), **forward_options), forward_wgmma.default_blocks_or_fallback)
+    register_backward(name, functools.partial(backward_wgmma_wide.run_backward,
+                                              **backward_options),
+                      lambda head_dim, dtype: (64, 64), forward=name)
+    try:
+        q, k, v, dout = case.inputs(np.float32)
+        out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel=name)
+        return [out, lse, *flash_attention_backward(dout, q, k, v, out, lse,
+                                                    causal=case.causal, kernel=name)]
+    finally:
+        del FORWARD[name], BACKWARD[name]
 
 
 @pytest.mark.parametrize("case", [Case("d = 128, causal", 1, 1, 1, 70, 65, 128, causal=True),

@@ -60,13 +60,13 @@ def default_blocks(head_dim, dtype):
     raise ValueError(f"no tile fits head dim {head_dim}")
 
 
-@functools.lru_cache(maxsize=None)
 def preprocess_rows(head_dim, dtype):
     """Query rows per block of the preprocess kernel: 32, fewer where 32 rows of head_dim + 1
     elements would pass 16 KiB of shared memory (d > 127 in float32, d > 63 in float64)."""
     return max(1, min(32, 16384 // ((head_dim + 1) * np.dtype(dtype).itemsize)))
 
 
+@functools.lru_cache(maxsize=None)
 def make_preprocess_kernel(head_dim, dtype, clear=False):
     """D = rowsum(dO * O) on (BH, Nq, d) arrays; launch grid (ceil(Nq / rows), BH) with rows =
     preprocess_rows(head_dim, dtype), PREPROCESS_THREADS threads, arguments (dout, out, D, dq);
@@ -79,16 +79,11 @@ def make_preprocess_kernel(head_dim, dtype, clear=False):
     without bank conflicts); then thread r sums row r in column order. (One thread per row
     reading global memory, as before 2026-12-02, took 1.8-2.0 ms at B*H*Nq*d = 2^25 float32
     on an H200, most of a millisecond of it per array: every load of a warp touched 32 rows.)"""
-    return _preprocess_kernel(head_dim, np.dtype(dtype), bool(clear)), PREPROCESS_THREADS
-
-
-@functools.lru_cache(maxsize=None)
-def _preprocess_kernel(head_dim, dtype, clear):
     check_head_dim(head_dim)
     T = numba_type(dtype)
     D_, W, R = head_dim, head_dim + 1, preprocess_rows(head_dim, dtype)
     uD, uR, uT = U(head_dim), U(R), U(PREPROCESS_THREADS)
-    CLEAR = clear
+    CLEAR = bool(clear)
 
     @cuda.jit
     def preprocess(dout, out, D, dq):
@@ -113,7 +108,7 @@ def _preprocess_kernel(head_dim, dtype, clear):
                 acc += products[tid, c]
             D[bh, r0 + tid] = acc
 
-    return preprocess
+    return preprocess, PREPROCESS_THREADS
 
 
 def run_preprocess(dout, out, D, dq, clear=False):
