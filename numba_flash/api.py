@@ -11,8 +11,8 @@ import numpy as np
 import reference as ref
 
 from . import arrays
-from .kernels import BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD
-from .kernels.common import MAX_HEAD_DIM, ceil_div
+from . import registry
+from .kernels.support import MAX_HEAD_DIM, ceil_div
 
 
 @dataclass(frozen=True)
@@ -94,36 +94,40 @@ def _validate(q, k, v, scale):
     return Shapes(qs[:-2], ks[:-2], qs[-2], ks[-2], d, dtypes["q"], scale)
 
 
-def _blocks(variant, p, block_m, block_n):
-    dm, dn = variant.default_blocks(p.d, p.dtype)
-    return (dm if block_m is None else block_m), (dn if block_n is None else block_n)
+def _blocks(defaults, block_m, block_n):
+    return (defaults[0] if block_m is None else block_m), (defaults[1] if block_n is None else block_n)
 
 
-def _variant(table, kernel):
-    if kernel not in table:
-        raise ValueError(f"unknown kernel {kernel!r}; registered: {sorted(table)}")
-    return table[kernel]
+def _flag(name, value):
+    """A bool flag: Python or NumPy bool only (a string such as "no" would be truthy)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
 
 
 def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None,
-                            kernel=DEFAULT_FORWARD):
+                            kernel="auto"):
     """FlashAttention forward on the GPU.
 
     q (..., Nq, d), k and v (..., Nk, d) with the same leading dims; for 4-D (B, H, N, d)
     inputs k and v may have Hk heads, Hk dividing H (grouped-query attention). float32 or
     float64, computed in that precision; d in 1..256.
     causal masks key j for query i when j > i + (Nk - Nq) (bottom-right aligned).
-    scale defaults to 1/sqrt(d). block_m / block_n override the variant's tile sizes;
-    kernel names a registered variant (numba_flash.kernels.FORWARD).
+    scale defaults to 1/sqrt(d). kernel: "auto" (the fastest registered pair that can run
+    this case here: on an H200 in float32 with d <= 128 the Hopper "wgmma" pair, else "fa2")
+    or a registered name (numba_flash.registry.PAIRS; a pair that cannot run the case falls
+    back as the registry says). block_m / block_n override the pair's tile sizes (ValueError
+    for tiles it cannot take). Pass the same kernel to flash_attention_backward.
 
     Returns out (..., Nq, d) like q and lse (..., Nq) (natural log, float32 for float32
     inputs, float64 for float64), as the same kind of array as q. Rows that see no key
     (Nq > Nk under causal) give out = 0, lse = -inf.
     """
+    causal = _flag("causal", causal)
     p = _validate(q, k, v, scale)
-    variant = _variant(FORWARD, kernel)
-    bm, bn = _blocks(variant, p, block_m, block_n)
-    launch, threads = variant.make_kernel(bm, bn, p.d, bool(causal), p.dtype)
+    pair = registry.resolve(kernel, p.d, p.dtype)
+    bm, bn = _blocks(pair.forward_tiles(p.d, p.dtype), block_m, block_n)
+    launch, threads = pair.make_forward(bm, bn, p.d, causal, p.dtype)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     d_q = arrays.to_device(q, (bh, p.nq, p.d))
     d_k = arrays.to_device(k, (bhk, p.nk, p.d))
@@ -152,7 +156,7 @@ def _check_like(name, x, shape, p, device):
 
 def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None,
                              deterministic=False, block_m=None, block_n=None,
-                             kernel=DEFAULT_BACKWARD):
+                             kernel="auto"):
     """FlashAttention backward on the GPU, from the forward's out and lse (no P saved).
 
     dout and out (..., Nq, d) like q; lse (..., Nq) as flash_attention_forward returns it;
@@ -161,34 +165,40 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     and dv sum over the query heads that share a key head. Rows that saw no key give zero
     gradients. Besides its outputs it allocates only D = rowsum(dO * O), (..., Nq).
 
-    deterministic: True asks for bitwise reproducible results. The "tiled" and "fa2"
-    kernels use no atomics (dQ has its own kernel), so they are reproducible either way; the
-    default, "fa2-atomic", adds dQ up with atomics (its dq may differ in the last bits from
-    call to call), and with deterministic=True the "fa2" kernel runs instead, with fa2's
-    default tiles unless block_m / block_n are given; so does "fa2-ffma" (fa2-atomic with
-    every product an FFMA sum, where the default puts the accumulating ones on tensor cores
-    in float32).
+    kernel: as in flash_attention_forward (the same name resolves to the same pair, whose
+    backward recomputes S as its forward formed it).
+    deterministic: True asks for bitwise reproducible results: pairs whose dq is added with
+    atomics (registry.Pair.atomic_dq: "fa2", "wgmma") then run their dQ pass without atomics
+    ("fa2": its dQ kernel, with its own default tiles; "wgmma": the Hopper dQ pass, which
+    recomputes S with the forward's code); "tiled" and "rowwise" use no atomics either way.
     """
+    causal = _flag("causal", causal)
+    deterministic = _flag("deterministic", deterministic)
     p = _validate(q, k, v, scale)
     device = arrays.device_of(q)
     _check_like("dout", dout, p.lead + (p.nq, p.d), p, device)
     _check_like("out", out, p.lead + (p.nq, p.d), p, device)
     _check_like("lse", lse, p.lead + (p.nq,), p, device)
-    variant = _variant(BACKWARD, kernel)
-    if deterministic and variant.when_deterministic:
-        variant = BACKWARD[variant.when_deterministic]
-    bm, bn = _blocks(variant, p, block_m, block_n)
+    pair = registry.resolve(kernel, p.d, p.dtype)
+    bm, bn = _blocks(pair.backward_tiles(p.d, p.dtype, deterministic), block_m, block_n)
+    if (block_m, block_n) != (None, None):         # before any launch: the factories' errors
+        if pair.check_backward_tiles is not None:
+            pair.check_backward_tiles(bm, bn, p.d, p.dtype, deterministic)
+        elif (bm, bn) != pair.backward_tiles(p.d, p.dtype, deterministic):
+            raise ValueError(f"the {pair.name!r} backward has tiles "
+                             f"{pair.backward_tiles(p.d, p.dtype, deterministic)} only here, "
+                             f"got block_m={bm}, block_n={bn}")
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     qs, ks = (bh, p.nq, p.d), (bhk, p.nk, p.d)
     d_dq = arrays.empty_device(qs, p.dtype, like=q)
     d_dk = arrays.empty_device(ks, p.dtype, like=q)
     d_dv = arrays.empty_device(ks, p.dtype, like=q)
     with arrays.allocating_like(q):                 # its workspace from q's pool too
-        variant.run(arrays.to_device(dout, qs), arrays.to_device(q, qs),
+        pair.run_backward(arrays.to_device(dout, qs), arrays.to_device(q, qs),
                     arrays.to_device(k, ks), arrays.to_device(v, ks),
                     arrays.to_device(lse, (bh, p.nq)), arrays.to_device(out, qs), d_dq, d_dk,
-                    d_dv, scale=p.scale, heads=p.heads, group=p.group, causal=bool(causal),
-                    block_m=bm, block_n=bn)
+                          d_dv, scale=p.scale, heads=p.heads, group=p.group, causal=causal,
+                          block_m=bm, block_n=bn, deterministic=deterministic)
     return (arrays.from_device(d_dq, arrays.shape_of(q), q),
             arrays.from_device(d_dk, arrays.shape_of(k), q),
             arrays.from_device(d_dv, arrays.shape_of(v), q))

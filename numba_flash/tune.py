@@ -14,7 +14,7 @@ import reference as ref
 from . import arrays
 from .bench import _median_ms
 from .kernels import BACKWARD, forward_fa2, forward_tiled
-from .kernels.common import ceil_div
+from .kernels.support import ceil_div
 from .testing import Case, check_backward, check_forward
 
 FORWARD_MODULES = {"tiled": forward_tiled, "fa2": forward_fa2}

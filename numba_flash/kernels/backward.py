@@ -25,7 +25,7 @@ import numpy as np
 
 from numba import cuda
 
-from .common import (NEG_INF, U, ceil_div, check_block, check_head_dim, check_shared_memory,
+from .support import (NEG_INF, U, ceil_div, check_block, check_head_dim, check_shared_memory,
                      kv_head, numba_type)
 
 THREADS_X = 16

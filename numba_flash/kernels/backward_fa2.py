@@ -36,9 +36,9 @@ import numpy as np
 from numba import cuda
 
 from .backward import run_preprocess
-from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
-                     ceil_div, check_block, check_shared_memory, check_head_dim, kernel_jit,
-                     kv_head, numba_type)
+from .support import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
+                      ceil_div, check_block, check_head_dim, check_shared_memory, kernel_jit,
+                      kv_head, make_recompute_p, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
 from .fa2_mma import WARP, mma_from_fragments, mma_products, position, rows_per_warp
@@ -230,18 +230,6 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, 
     return sizes, stage, dot_rows, accumulate, store_rows, row_vectors
 
 
-@functools.lru_cache(maxsize=None)
-def _recompute_p(T, causal):
-    def recompute_p(s_ij, lse_i, i, j, nq, nk):
-        """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk), 0
-        elsewhere and on rows that saw no key (lse = -inf)."""
-        if i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF):
-            return math.exp(s_ij - lse_i)
-        return T(0.0)
-    # on the simulator a plain function: no lock per call (common.device_function)
-    return recompute_p if SIMULATOR else cuda.jit(**DEVICE)(recompute_p)
-
-
 def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False,
                      vector_atomics=None, prefetch=False, tensor_cores=False,
                      dp_tensor_cores=False, p_in_registers=None):
@@ -361,7 +349,7 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
                                   block_n + PAD, c["D_ROW"])[1]
     uSR = U(block_n + PAD)
     D_CONST, uD = d_const, U(d_const)
-    recompute_p = _recompute_p(c["T"], causal)
+    recompute_p = make_recompute_p(c["T"], causal)
     T, TA, TB, TD, TX, TY = c["T"], c["TA"], c["TB"], c["TD"], c["TX"], c["TY"]
     TE = c["TE"]
     o = {k_: U(v_) for k_, v_ in c["off"].items()}
@@ -566,7 +554,7 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
         block_m, block_n, block_m, block_n, d_pad, d_const, dtype, threads, 1)
     D_CONST, uD = d_const, U(d_const)
-    recompute_p = _recompute_p(c["T"], causal)
+    recompute_p = make_recompute_p(c["T"], causal)
     T, TA, TB, TD, TX, TY = c["T"], c["TA"], c["TB"], c["TD"], c["TX"], c["TY"]
     o = {k_: U(v_) for k_, v_ in c["off"].items()}
     uK, uV, uQ, udO, uL, uDv, udS = o["k"], o["v"], o["q"], o["do"], o["lse"], o["D"], o["w"]

@@ -33,7 +33,7 @@ from numba import cuda, float32
 
 from reference.precision import step_3xtf32
 
-from .common import SIMULATOR, U
+from .support import SIMULATOR, U
 from .fa2_tiles import CHUNK, DEVICE
 from .mma import split_tf32
 from .vector_io import add2

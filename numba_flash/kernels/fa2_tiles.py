@@ -14,7 +14,7 @@ import functools
 
 from numba import cuda
 
-from .common import SIMULATOR, U
+from .support import ALIGN, SIMULATOR, U  # noqa: F401 (ALIGN: the fa2 kernels')
 from .vector_io import VECTOR
 
 CHUNK = 4      # elements per vector load (16 bytes in float32; float64 reads two v2)
@@ -23,7 +23,6 @@ CHUNK = 4      # elements per vector load (16 bytes in float32; float64 reads tw
 assert CHUNK == VECTOR
 PAD = 4        # row padding of arrays read by rows from different lanes (see forward_fa2)
 DEVICE = dict(device=True) if SIMULATOR else dict(device=True, forceinline=True)
-ALIGN = None if SIMULATOR else 16      # of the dynamic shared array; the simulator rejects one
 
 
 def lanes_for_head_dim(head_dim):

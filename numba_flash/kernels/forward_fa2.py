@@ -33,7 +33,7 @@ import numpy as np
 
 from numba import cuda
 
-from .common import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel,
+from .support import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel,
                      ceil_div, check_block, check_shared_memory, check_head_dim, kernel_jit,
                      kv_head, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,

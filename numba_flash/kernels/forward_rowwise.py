@@ -13,7 +13,7 @@ import numpy as np
 
 from numba import cuda
 
-from .common import (NEG_INF, check_block, check_head_dim, check_shared_memory, kv_head,
+from .support import (NEG_INF, check_block, check_head_dim, check_shared_memory, kv_head,
                      numba_type)
 
 

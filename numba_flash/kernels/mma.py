@@ -28,7 +28,7 @@ from numba import cuda
 from reference.precision import TF32_DROPPED_BITS
 from reference.precision import round_tf32 as round_tf32_host
 
-from .common import SIMULATOR
+from .support import SIMULATOR
 
 if SIMULATOR:
     import struct

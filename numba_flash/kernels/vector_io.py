@@ -19,7 +19,7 @@ On the simulator each accesses the four elements one by one (add4 with cuda.atom
 
 from numba import cuda
 
-from .common import SIMULATOR
+from .support import SIMULATOR
 
 VECTOR = 4
 ALIGN_BYTES = 16

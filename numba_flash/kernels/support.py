@@ -1,6 +1,11 @@
-"""Pieces every kernel factory shares: dtype mapping, shared-memory budget, GQA indexing."""
+"""What every kernel needs from Numba: dtype mapping, shared-memory budget and dynamic shared
+memory above 48 KiB, unsigned indices, device-function inlining, GQA indexing, simulator shims,
+and P recomputed from lse (every backward's)."""
 
+import contextlib
+import functools
 import math
+import sys
 
 import numba
 import numpy as np
@@ -145,3 +150,62 @@ def kernel_jit(threads):
     if threads > 256 and not SIMULATOR:
         return cuda.jit(max_registers=REGISTERS // threads)
     return cuda.jit
+
+
+ALIGN = None if SIMULATOR else 16      # of the dynamic shared array; the simulator rejects one
+
+
+@functools.lru_cache(maxsize=None)
+def make_recompute_p(T, causal):
+    """recompute_p(s_ij, lse_i, i, j, nq, nk), every backward's P from the forward's lse."""
+    def recompute_p(s_ij, lse_i, i, j, nq, nk):
+        """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk), 0
+        elsewhere and on rows that saw no key (lse = -inf)."""
+        if i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF):
+            return math.exp(s_ij - lse_i)
+        return T(0.0)
+    # on the simulator a plain function: no lock per call (device_function)
+    return recompute_p if SIMULATOR else cuda.jit(device=True, forceinline=True)(recompute_p)
+
+
+@contextlib.contextmanager
+def simulator_switch_interval(seconds=1e-4):
+    """On the simulator: a 0.1 ms GIL switch interval while a kernel runs (nothing on a GPU).
+    The simulator runs one Python thread per CUDA thread, and every device-function call takes
+    a per-module lock (numba-cuda's swapped_cuda_module); with the default 5 ms interval a
+    preempted lock holder stalls the block's other threads for a whole interval, and the
+    Hopper kernels' 128 and 256 threads with many small device calls took minutes per tile
+    (19 s for a whole problem at 0.1 ms). Not for other kernels: the simulator creates a static
+    shared array per (file, line) without a lock, so a finer interleaving lets two threads get
+    different arrays (the tiled kernels failed three tests in a CI run with the interval set
+    for the whole suite, 2026-11-30); the Hopper kernels use dynamic shared memory only."""
+    if not SIMULATOR:
+        yield
+        return
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+class _SwitchIntervalLaunch:
+    """kernel[grid, block](*args) run under simulator_switch_interval."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, config):
+        launch = self.kernel[config]
+
+        def run(*args):
+            with simulator_switch_interval():
+                launch(*args)
+        return run
+
+
+def simulator_launch(kernel):
+    """A launchable kernel that runs under simulator_switch_interval on the simulator (the
+    kernel itself on a GPU)."""
+    return _SwitchIntervalLaunch(kernel) if SIMULATOR else kernel

@@ -60,7 +60,7 @@ from numba import cuda, float32, types, uint32, uint64
 
 from reference.precision import step_3xtf32_exact, step_3xtf32_parts
 
-from .common import SIMULATOR, device_function
+from ..support import SIMULATOR, device_function
 
 STEP = 8           # contraction per wgmma for TF32 (K)
 CORE = 32          # floats per core matrix (8 rows x 4)

@@ -1,0 +1,515 @@
+"""The Hopper backward (wgmma, sm_90a), float32 through 3xTF32, 64 x 64 tiles: one block per
+K/V block of 64 keys, over the query heads sharing its key head and their Q blocks, which it
+walks round from a block of its own (K/V block x starts at Q block x mod their number, so that
+the blocks of a head, running at once, add into different dQ rows).
+
+    d <= 64:        make_lean_kernel, one warpgroup (128 threads), 96 KiB of shared memory
+                    (K, V and one 64 x 64 score tile), two blocks per SM.
+    64 < d <= 128:  make_wide_kernel, two warpgroups (256 threads), the head dim in two halves
+                    of 64; 224 KiB (K's halves, V's, P^T, dS^T, dS), one block per SM.
+
+Per Q block (rows i), with the forward's operand roles (M = i):
+  S = (scale Q) K^T formed as the forward formed it (sm90.operands), dP = dO V^T;
+  P = exp(S - lse_i) (support.make_recompute_p), dS = P (dP - D_i), D = rowsum(dO * O)
+  (kernels/backward.py's preprocess);
+  dV^T += dO^T P and dK^T += (scale Q)^T dS (M = the head dim, B = P^T, dS^T staged);
+  dQ^T = K^T dS^T (A: the K tile read transposed, B = dS staged), times scale, added into dq
+  with atomics: two adjacent head-dim columns of a dq row per red.global.add.v2.f32 where dq
+  is 8-byte aligned (vector_atomics; AlignedDispatch runs the scalar twin otherwise).
+
+deterministic=True: the same dK/dV kernel without its dQ (add_dq=False), then the dQ pass
+(make_dq_kernel): one block per Q block, over the K/V blocks, recomputing S with the forward's
+own code (sm90.forward's S formation on the same staged tiles), dP, dS, and dQ = dS K summed
+in the block's registers in a fixed order: no atomics, bitwise reproducible.
+Registers and spills: tools/ptxas_check.py; figures: docs/performance.md.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from ..backward import run_preprocess
+from ..mma import split_tf32
+from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, ceil_div, device_function,
+                       kernel_jit, make_recompute_p, simulator_switch_interval)
+from ..vector_io import AlignedDispatch
+from ..vector_io import add2 as red_add2
+from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add, add2,
+                       add_in_turn, clear, make_chain_fragments, make_global_fragment,
+                       make_stage, split_chain, split_fragment, transposed_fragment,
+                       transposed_fragment_chain_paired, transposed_fragment_paired)
+from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, position, products
+
+D_WIDE = 2 * D_PAD          # the wide kernel's head dim, zero-padded: two halves of 64
+DQ_ARG = 8                  # dq's position in the dK/dV kernels' arguments
+# lean: K (0) and V (2 TILE), then one per-Q-block tile (P^T, then dS^T, then dS), each big +
+# small
+K_T, V_T, W_T = 0, 2 * TILE, 4 * TILE
+LEAN_SCRATCH_AT = 6 * TILE  # the simulator's fragment exchange (wgmma.step_3xtf32_regs)
+LEAN_NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
+# wide: K's halves, V's halves, then P^T, dS^T (rows j, K-major over i), dS (rows i)
+WIDE_K_T, WIDE_V_T, PT_T, DST_T, DS_T = 0, 2 * HALF, 4 * HALF, 5 * HALF, 6 * HALF
+WIDE_SCRATCH_AT = 7 * HALF  # one SCRATCH per warpgroup
+WIDE_NBYTES = 4 * (7 * HALF + (2 * SCRATCH if SIMULATOR else 0))
+
+
+def tiles(d):
+    """(block_m, block_n): (64, 64), the only tiles the Hopper backward has."""
+    return BLOCK, BLOCK
+
+
+def check_tiles(block_m, block_n, d, dtype, deterministic=False):
+    """ValueError unless float32, 1 <= d <= 128 and 64 x 64 tiles."""
+    if np.dtype(dtype) != np.float32:
+        raise ValueError(f"the wgmma backward is float32 only, got {np.dtype(dtype)}")
+    if not 1 <= d <= D_WIDE:
+        raise ValueError(f"the wgmma backward needs 1 <= d <= {D_WIDE}, got {d}")
+    if (block_m, block_n) != (BLOCK, BLOCK):
+        raise ValueError(f"the wgmma backward has 64 x 64 tiles only, got block_m={block_m}, "
+                         f"block_n={block_n}")
+
+
+@cuda.jit(device=True)     # (cuda.atomic: not a plain function on the simulator)
+def add_dq(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
+    """dQ^T's accumulator (rows: the head dim 16 rows.., columns: queries m0..; A read by
+    transposed_fragment) times scale, added into dq[bh] by scalar atomics."""
+    g4, t4 = lane // U(4), lane % U(4)
+    for nt in range(REGS // 4):
+        for e in range(4):                     # dQ^T entry (head dim c, query i)
+            c = U(16) * rows + g4 + U(8 * (e // 2))
+            i = m0 + U(8 * nt + e % 2) + t4 * U(2)
+            if i < nq and c < d:
+                cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
+
+
+def _make_add_dq_pairs(vector):
+    """add_dq_pairs (vector: one red.global.add.v2.f32 per pair) or add_dq_pairs_by_element
+    (two scalar atomics per pair)."""
+    VECTOR = vector
+
+    @cuda.jit(device=True)     # (cuda.atomic: not a plain function on the simulator)
+    def add_pairs(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
+        g4, t4 = lane // U(4), lane % U(4)
+        c = U(16) * rows + U(2) * g4
+        for nt in range(REGS // 4):
+            for b in range(2):
+                i = m0 + U(8 * nt + b) + t4 * U(2)
+                x0, x1 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale
+                if VECTOR:
+                    if i < nq and c < d:
+                        red_add2(dq, bh, i, c, (x0, x1))
+                else:
+                    if i < nq and c < d:
+                        cuda.atomic.add(dq, (bh, i, c), x0)
+                    if i < nq and c + U(1) < d:
+                        cuda.atomic.add(dq, (bh, i, c + U(1)), x1)
+    return add_pairs
+
+
+# add_dq for an accumulator whose A was read by transposed_fragment_paired (or _chain_paired):
+# entries e and e + 2 are head-dim columns c and c + 1 (c even) of one dq row.
+# add_dq_pairs: one red.global.add.v2.f32 per pair (vector_io.add2: d even and dq's rows 8-byte
+# aligned, the caller's promise): half the atomic instructions, each changing 8 bytes.
+# add_dq_pairs_by_element: two scalar atomics per pair (any d, any alignment).
+add_dq_pairs = _make_add_dq_pairs(True)
+add_dq_pairs_by_element = _make_add_dq_pairs(False)
+
+
+@device_function
+def row_stats(lse, Dvec, bh, i0, i1, nq):
+    """lse and D of query rows i0 and i1 (-inf and 0 past nq)."""
+    lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
+    lse1 = lse[bh, i1] if i1 < nq else float32(NEG_INF)
+    D0 = Dvec[bh, i0] if i0 < nq else float32(0.0)
+    D1 = Dvec[bh, i1] if i1 < nq else float32(0.0)
+    return lse0, lse1, D0, D1
+
+
+@device_function
+def store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane):
+    """dK^T and dV^T's accumulators (rows: the head dim, columns: keys n0..) into dk, dv."""
+    for j in range(REGS):
+        c, jl = position(j, warp, lane)
+        if n0 + U(jl) < nk and U(c) < d:
+            dk[kvh, n0 + U(jl), U(c)] = dk_acc[j]
+            dv[kvh, n0 + U(jl), U(c)] = dv_acc[j]
+
+
+@functools.lru_cache(maxsize=None)
+def make_accumulate_w():
+    """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch): acc += X^T W
+    over 8 steps, two per wait, W the 64 x 64 tile at sm[w_at] (K-major over i), X = mult
+    src[head, row0:row0+64] from global memory, X^T's rows the head-dim rows 16 warp..; each
+    pair's elements loaded while the pair before is computed."""
+    step2_regs = products(BLOCK, D_PAD, D_PAD)["step2_3xtf32_regs"]
+    elements_t = make_global_fragment(True, split=False)
+
+    @cuda.jit(device=True)
+    def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch):
+        x = elements_t(src, head, row0, 0, mult, d, warp, lane)
+        x2 = elements_t(src, head, row0, 1, mult, d, warp, lane)
+        for s2 in range(STEPS // 2):
+            s = 2 * s2
+            # (past the last pair: the next Q block's rows; loaded, not used)
+            a_big, a_small = split_fragment(x)
+            a2_big, a2_small = split_fragment(x2)
+            x = elements_t(src, head, row0, s + 2, mult, d, warp, lane)
+            x2 = elements_t(src, head, row0, s + 3, mult, d, warp, lane)
+            add_in_turn(acc, step2_regs(sm, a_big, a_small, w_at, w_at + U(TILE), a2_big,
+                                        a2_small, w_at + U(STEP_FLOATS),
+                                        w_at + U(TILE + STEP_FLOATS), s, scratch))
+    return accumulate_w
+
+
+@functools.lru_cache(maxsize=None)
+def make_accumulate_w_chained():
+    """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
+    a_small): make_accumulate_w's acc += X^T W as STEPS // CHAIN products of CHAIN steps, each
+    chained in the tensor core (one wait each), through the local arrays x, a_big, a_small
+    (CHAIN_A entries); each product's elements loaded while the one before is computed
+    (past the last: the next Q block's rows, loaded, not used)."""
+    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    chain_elements_t = make_chain_fragments(True)
+
+    @cuda.jit(device=True)
+    def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
+                     a_small):
+        chain_elements_t(x, src, head, row0, U(0), mult, d, warp, lane)
+        for g in range(STEPS // CHAIN):
+            split_chain(a_big, a_small, x)
+            chain_elements_t(x, src, head, row0, U(CHAIN * (g + 1)), mult, d, warp, lane)
+            add(acc, chained_regs(sm, a_big, a_small, w_at, w_at + U(TILE), CHAIN * g,
+                                  scratch))
+    return accumulate_w
+
+
+@functools.lru_cache(maxsize=None)
+def make_lean_kernel(causal, vector_atomics=False, dq_out=True):
+    """The dK/dV/dQ kernel for d <= 64: grid (ceil(Nk / 64), B*Hk), 128 threads, arguments (q,
+    k, v, dout, lse, D, dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, dq
+    holding zeros. K and V staged, every A operand read from global memory (Q, dO and their
+    transposes) or from the K tile (K^T) into registers, and one 64 x 64 tile that holds P^T
+    for dV^T += dO^T P, then dS^T for dK^T += Q^T dS, then dS for dQ^T = K^T dS^T. S and dP
+    one step each per wait, the accumulating products two steps per wait; the A fragments
+    from global memory loaded a step (S, dP) or a pair of steps ahead.
+    vector_atomics: dQ^T's A rows paired (transposed_fragment_paired) and dQ added by
+    add_dq_pairs, one vector atomic per two columns (d even, dq's rows 8-byte aligned:
+    run_backward's AlignedDispatch checks). dq_out=False: dQ is neither formed nor added (the
+    deterministic path's dK/dV kernel; dq is not read)."""
+    DQ_OUT = dq_out
+    dq_fragment = transposed_fragment_paired if vector_atomics else transposed_fragment
+    add_dq_acc = add_dq_pairs if vector_atomics else add_dq
+    elements = make_global_fragment(False, split=False)
+    step2_regs = products(BLOCK, D_PAD, D_PAD)["step2_3xtf32_regs"]
+    recompute_p = make_recompute_p(float32, causal)
+    stage = make_stage(False)
+    uBM = U(BLOCK)
+    accumulate_w = make_accumulate_w()
+
+    @kernel_jit(WARPGROUP)
+    def dkdv_wgmma_lean(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        kvh = U(cuda.blockIdx.y)
+        tid = U(cuda.threadIdx.x)
+        warp, lane = tid // U(32), tid % U(32)
+        n0 = U(cuda.blockIdx.x) * uBM
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        s_acc = cuda.local.array(REGS, float32)      # S, then P
+        dp_acc = cuda.local.array(REGS, float32)     # dP, then dS
+        dk_acc = cuda.local.array(REGS, float32)     # dK^T (rows: head dim, columns: j)
+        dv_acc = cuda.local.array(REGS, float32)     # dV^T
+        dq_acc = cuda.local.array(REGS, float32)     # dQ^T of this block (rows: head dim)
+        clear(dk_acc)
+        clear(dv_acc)
+        stage(sm, U(K_T), k, kvh, n0, U(0), d, float32(1.0))
+        stage(sm, U(V_T), v, kvh, n0, U(0), d, float32(1.0))
+        m_start = U(0)
+        if causal and n0 + nq > nk:
+            m_start = (n0 + nq - nk) // uBM * uBM
+        kv_heads = heads // group
+        b_idx = U(cuda.blockIdx.y // kv_heads)
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        pt_base = (warp * U(4) + g4 // U(4)) * U(32) + t4 * U(8) + g4 % U(4)
+        # dS (rows i, K-major over j): core_offset(row, col_t, 64)
+        ds_base = warp * U(1024) + (t4 // U(2)) * U(32) + g4 * U(4) + (t4 % U(2)) * U(2)
+        fence_proxy_async()
+        cuda.syncthreads()
+        for g in range(group):
+            bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            # the Q blocks m_start.. in turn, from `first` round to the one before it
+            first = m_start
+            first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
+            m0 = first
+            while True:
+                i0, i1 = m0 + row, m0 + row + U(8)
+                lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
+                clear(s_acc)
+                clear(dp_acc)
+                xq = elements(q, bh, m0, 0, scale, d, warp, lane)
+                xdo = elements(dout, bh, m0, 0, float32(1.0), d, warp, lane)
+                for s in range(STEPS):
+                    # (past the last step: zeros, columns >= d; nothing loaded)
+                    q_big, q_small = split_fragment(xq)
+                    do_big, do_small = split_fragment(xdo)
+                    xq = elements(q, bh, m0, s + 1, scale, d, warp, lane)
+                    xdo = elements(dout, bh, m0, s + 1, float32(1.0), d, warp, lane)
+                    add2(s_acc, dp_acc, step2_regs(sm, q_big, q_small, U(K_T), U(K_T + TILE),
+                                                   do_big, do_small, U(V_T), U(V_T + TILE), s,
+                                                   U(LEAN_SCRATCH_AT)))
+                for nt in range(REGS // 4):
+                    for e in range(4):
+                        j = 4 * nt + e
+                        hi, b = e // 2, e % 2
+                        il = row + U(8 * hi)
+                        jl = U(8 * nt + b) + col_t
+                        p = recompute_p(s_acc[j], lse1 if hi else lse0, m0 + il, n0 + jl,
+                                        nq, nk)
+                        s_acc[j] = p
+                        dp_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
+                        off = pt_base + U(512 * nt + 64 * hi + 4 * b)
+                        pb, ps = split_tf32(p)
+                        sm[U(W_T) + off] = pb
+                        sm[U(W_T + TILE) + off] = ps
+                fence_proxy_async()
+                cuda.syncthreads()
+                accumulate_w(sm, dv_acc, U(W_T), dout, bh, m0, float32(1.0), d, warp, lane,
+                             U(LEAN_SCRATCH_AT))
+                cuda.syncthreads()                     # P^T read by every warp
+                for nt in range(REGS // 4):
+                    for e in range(4):
+                        off = pt_base + U(512 * nt + 64 * (e // 2) + 4 * (e % 2))
+                        db, dsm = split_tf32(dp_acc[4 * nt + e])
+                        sm[U(W_T) + off] = db
+                        sm[U(W_T + TILE) + off] = dsm
+                fence_proxy_async()
+                cuda.syncthreads()
+                accumulate_w(sm, dk_acc, U(W_T), q, bh, m0, scale, d, warp, lane,
+                             U(LEAN_SCRATCH_AT))
+                cuda.syncthreads()                     # dS^T read by every warp
+                if DQ_OUT:
+                    for nt in range(REGS // 4):
+                        for e in range(4):
+                            off = ds_base + U(512 * (e // 2) + 64 * nt + e % 2)
+                            db, dsm = split_tf32(dp_acc[4 * nt + e])
+                            sm[U(W_T) + off] = db
+                            sm[U(W_T + TILE) + off] = dsm
+                    fence_proxy_async()
+                    cuda.syncthreads()
+                    clear(dq_acc)
+                    for s2 in range(STEPS // 2):
+                        s = 2 * s2
+                        a_big, a_small = dq_fragment(sm, U(K_T), s, warp, lane)
+                        a2_big, a2_small = dq_fragment(sm, U(K_T), s + 1, warp, lane)
+                        add_in_turn(dq_acc, step2_regs(sm, a_big, a_small, U(W_T),
+                                                       U(W_T + TILE), a2_big, a2_small,
+                                                       U(W_T + STEP_FLOATS),
+                                                       U(W_T + TILE + STEP_FLOATS), s,
+                                                       U(LEAN_SCRATCH_AT)))
+                    add_dq_acc(dq, bh, m0, nq, d, dq_acc, scale, warp, lane)
+                    cuda.syncthreads()                 # dS read by every warp
+                m0 += uBM
+                if m0 >= nq:
+                    m0 = m_start
+                if m0 == first:
+                    break
+
+        store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane)
+
+    return DynamicSharedKernel(dkdv_wgmma_lean, LEAN_NBYTES), WARPGROUP
+
+
+@functools.lru_cache(maxsize=None)
+def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=True):
+    """The dK/dV/dQ kernel for 64 < d <= 128: grid (ceil(Nk / 64), B*Hk), 256 threads, the
+    lean kernel's arguments. Warpgroup 0 forms S and P, warpgroup 1 dP and dS; warpgroup w owns
+    the head-dim rows 64 w.. of dK^T, dV^T and dQ^T (32 registers each). Every product is
+    chained in the tensor core per CHAIN = 4 steps, S and dP with their contraction permuted
+    (sm90.operands); A fragments from global memory loaded one product ahead.
+      1. wg 0: S = (scale Q) K^T; wg 1: dP = dO V^T (four chained products each);
+      2. wg 0: P = exp(S - lse_i), written as P^T (big, small) to shared memory; barrier;
+      3. wg 1: P read back as big + small (the value dV's product sees; within 2^-22 of P),
+         dS = P (dP - D_i), written as dS^T and as dS (i-major);
+         both: dV^T[half w] += dO^T[half w] P; barrier;
+      4. both: dK^T[half w] += (scale Q)^T[half w] dS, dQ^T[half w] = K^T[half w] dS^T,
+         added into dq with atomics.
+    Two barriers per Q block: P^T is rewritten (step 2 of the next block) only after the
+    barrier that ends its last reads (step 3), and dS^T, dS (step 3 of the next block) only
+    after the next block's first barrier, which every warpgroup reaches after its step 4.
+    vector_atomics: dQ by add_dq_pairs (else add_dq_pairs_by_element); vector_loads: Q's and
+    dO's runs of 8 columns read 16 bytes at a time (q, dout 16-byte aligned, d % 4 == 0:
+    run_backward's AlignedDispatch). dq_out=False: dQ neither formed nor added (the
+    deterministic path's dK/dV kernel)."""
+    DQ_OUT = dq_out
+    # K's tile columns permuted: dQ^T's A rows read where they are, paired
+    dq_fragment = transposed_fragment_chain_paired
+    add_dq_acc = add_dq_pairs if vector_atomics else add_dq_pairs_by_element
+    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    chain_elements = make_chain_fragments(False, True, vector_loads)
+    recompute_p = make_recompute_p(float32, causal)
+    stage = make_stage(False, per_warpgroup=True, chain_permuted=True)
+    uBM = U(BLOCK)
+    # acc += X^T W with X^T's rows this warpgroup's half (rows = warp + 4 w)
+    accumulate_w_chained = make_accumulate_w_chained()
+
+    @kernel_jit(2 * WARPGROUP)
+    def dkdv_wgmma_wide(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        kvh = U(cuda.blockIdx.y)
+        tid = U(cuda.threadIdx.x)
+        wg = tid // U(WARPGROUP)                    # 0: S and P; 1: dP and dS
+        warp, lane = (tid // U(32)) % U(4), tid % U(32)
+        rows = warp + U(4) * wg                     # the warp's head-dim rows: 16 rows..
+        scratch = U(WIDE_SCRATCH_AT) + wg * U(SCRATCH)
+        n0 = U(cuda.blockIdx.x) * uBM
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        acc = cuda.local.array(REGS, float32)        # S, then P (wg 0); dP, then dS (wg 1)
+        dk_acc = cuda.local.array(REGS, float32)     # dK^T, head-dim rows of half wg
+        dv_acc = cuda.local.array(REGS, float32)     # dV^T, the same rows
+        dq_acc = cuda.local.array(REGS, float32)     # dQ^T of this Q block, the same rows
+        x = cuda.local.array(CHAIN_A, float32)       # A fragments, unsplit
+        a_big = cuda.local.array(CHAIN_A, float32)   # and split
+        a_small = cuda.local.array(CHAIN_A, float32)
+        clear(dk_acc)
+        clear(dv_acc)
+        # warpgroup 0 stages K's two column halves (S's B), warpgroup 1 V's (dP's B)
+        kv_src = k if wg == U(0) else v
+        b_at = U(WIDE_K_T) + wg * U(2 * HALF)
+        stage(sm, b_at, kv_src, kvh, n0, U(0), d, float32(1.0))
+        stage(sm, b_at + U(HALF), kv_src, kvh, n0, U(D_PAD), d, float32(1.0))
+        a_src = q if wg == U(0) else dout            # S's A: scale Q; dP's: dO
+        a_mult = scale if wg == U(0) else float32(1.0)
+        m_start = U(0)
+        if causal and n0 + nq > nk:     # query i sees key j iff j + nq <= i + nk
+            m_start = (n0 + nq - nk) // uBM * uBM
+        kv_heads = heads // group
+        b_idx = U(cuda.blockIdx.y // kv_heads)
+        # the thread's accumulator entries (wgmma.position): rows row, row + 8, columns col_t,
+        # col_t + 1 of each 8-column group; P^T / dS^T at core_offset(col_t, row, 64) and dS
+        # at core_offset(row, col_t, 64) (the lean kernel's bases)
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        pt_base = (warp * U(4) + g4 // U(4)) * U(32) + t4 * U(8) + g4 % U(4)
+        ds_base = warp * U(1024) + (t4 // U(2)) * U(32) + g4 * U(4) + (t4 % U(2)) * U(2)
+        k_half = U(WIDE_K_T) + wg * U(HALF)          # dQ^T's A: K^T of this half
+        fence_proxy_async()
+        cuda.syncthreads()
+        for g in range(group):
+            bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            # the Q blocks m_start.. in turn, from `first` round to the one before it
+            first = m_start
+            first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
+            m0 = first
+            while True:
+                i0, i1 = m0 + row, m0 + row + U(8)
+                lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
+                # 1. S (wg 0) or dP (wg 1): four chained products of CHAIN steps, two per
+                # column half
+                clear(acc)
+                chain_elements(x, a_src, bh, m0, U(0), a_mult, d, warp, lane)
+                for g in range(2 * STEPS // CHAIN):
+                    # (past the last: zeros, columns >= d; nothing loaded)
+                    split_chain(a_big, a_small, x)
+                    chain_elements(x, a_src, bh, m0, U(CHAIN * (g + 1)), a_mult, d, warp, lane)
+                    at = b_at + U(HALF) * U(CHAIN * g // STEPS)
+                    add(acc, chained_regs(sm, a_big, a_small, at, at + U(TILE),
+                                          (CHAIN * g) % STEPS, scratch))
+                # 2. P = exp(S - lse) and P^T into shared memory
+                if wg == U(0):
+                    for nt in range(REGS // 4):
+                        for e in range(4):
+                            j = 4 * nt + e
+                            hi, b = e // 2, e % 2
+                            il = row + U(8 * hi)
+                            jl = U(8 * nt + b) + col_t
+                            p = recompute_p(acc[j], lse1 if hi else lse0, m0 + il, n0 + jl,
+                                            nq, nk)
+                            off = pt_base + U(512 * nt + 64 * hi + 4 * b)
+                            pb, ps = split_tf32(p)
+                            sm[U(PT_T) + off] = pb
+                            sm[U(PT_T + TILE) + off] = ps
+                    fence_proxy_async()
+                cuda.syncthreads()
+                # 3. dS = P (dP - D) from P^T's parts (wg 1), then both: dV^T += dO^T P
+                if wg == U(1):
+                    for nt in range(REGS // 4):
+                        for e in range(4):
+                            j = 4 * nt + e
+                            hi, b = e // 2, e % 2
+                            off = pt_base + U(512 * nt + 64 * hi + 4 * b)
+                            p = sm[U(PT_T) + off] + sm[U(PT_T + TILE) + off]
+                            db, dsm = split_tf32(p * (acc[j] - (D1 if hi else D0)))
+                            sm[U(DST_T) + off] = db
+                            sm[U(DST_T + TILE) + off] = dsm
+                            if DQ_OUT:
+                                off_ds = ds_base + U(512 * hi + 64 * nt + b)
+                                sm[U(DS_T) + off_ds] = db
+                                sm[U(DS_T + TILE) + off_ds] = dsm
+                    fence_proxy_async()
+                accumulate_w_chained(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d,
+                                     rows, lane, scratch, x, a_big, a_small)
+                cuda.syncthreads()
+                # 4. dK^T += (scale Q)^T dS and dQ^T = K^T dS^T, each over this half's rows
+                if DQ_OUT:
+                    clear(dq_acc)
+                accumulate_w_chained(sm, dk_acc, U(DST_T), q, bh, m0, scale, d, rows, lane,
+                                     scratch, x, a_big, a_small)
+                if DQ_OUT:
+                    for g in range(STEPS // CHAIN):
+                        for s in range(CHAIN):
+                            f_big, f_small = dq_fragment(sm, k_half, CHAIN * g + s, warp,
+                                                         lane)
+                            for e in range(4):
+                                a_big[4 * s + e] = f_big[e]
+                                a_small[4 * s + e] = f_small[e]
+                        add(dq_acc, chained_regs(sm, a_big, a_small, U(DS_T), U(DS_T + TILE),
+                                                 CHAIN * g, scratch))
+                    add_dq_acc(dq, bh, m0, nq, d, dq_acc, scale, rows, lane)
+                m0 += uBM
+                if m0 >= nq:
+                    m0 = m_start
+                if m0 == first:
+                    break
+
+        store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, rows, lane)
+
+    return DynamicSharedKernel(dkdv_wgmma_wide, WIDE_NBYTES), 2 * WARPGROUP
+
+
+@functools.lru_cache(maxsize=None)
+def dkdv_launcher(d_wide, causal, dq_out=True):
+    """(kernel, threads) of the dK/dV(/dQ) kernel: the vector variant (dQ pairs by one vector
+    atomic; wide: Q and dO read 16 bytes at a time) where q, dout and dq are 16-byte aligned
+    (their data and rows: d % 4 == 0), the scalar twin otherwise (vector_io.AlignedDispatch;
+    the same sums)."""
+    if d_wide:
+        scalar, threads = make_wide_kernel(causal, False, False, dq_out)
+        vector = make_wide_kernel(causal, True, True, dq_out)[0]
+        return AlignedDispatch(vector, scalar, (0, 3, DQ_ARG) if dq_out else (0, 3)), threads
+    scalar, threads = make_lean_kernel(causal, False, dq_out)
+    if not dq_out:              # no vector path: nothing is added into dq
+        return scalar, threads
+    return AlignedDispatch(make_lean_kernel(causal, True)[0], scalar, (DQ_ARG,)), threads
+
+
+def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
+                 block_m=BLOCK, block_n=BLOCK, deterministic=False):
+    """The Hopper backward on 3-D float32 device arrays (registry contract): the preprocess
+    kernel (D = rowsum(dO * O); dq zeroed unless deterministic), the dK/dV kernel (lean for
+    d <= 64, wide above) adding dQ with atomics, or with deterministic=True the dK/dV kernel
+    without dQ and then the dQ pass (make_dq_kernel: no atomics)."""
+    from ... import arrays
+    check_tiles(block_m, block_n, q.shape[2], q.dtype)
+    bh, nq, d = q.shape
+    bhk, nk, _ = k.shape
+    D = arrays.empty_device((bh, nq), q.dtype)
+    run_preprocess(dout, out, D, dq, clear=not deterministic)
+    kernel, threads = dkdv_launcher(d > D_PAD, bool(causal), not deterministic)
+    with simulator_switch_interval():
+        kernel[(ceil_div(nk, BLOCK), bhk), threads](q, k, v, dout, lse, D, dk, dv, dq,
+                                                    np.float32(scale), heads, group)
+    if deterministic:
+        from .dq import run_dq
+        run_dq(dout, q, k, v, lse, D, dq, scale=scale, heads=heads, group=group,
+               causal=causal)

@@ -1,0 +1,246 @@
+"""The Hopper dQ pass without atomics (deterministic=True): one block per Q block, over the K/V
+blocks it sees, in order; dQ summed in the block's registers and stored once, so that dq is
+bitwise the same from run to run. It follows sm90.backward's dK/dV kernel run with
+dq_out=False.
+
+Per K/V block (rows j): S = (scale Q) K^T formed by the forward's own functions on the same
+staged tiles (sm90.operands.make_lean_s / make_wide_s: P is the forward's bit for bit),
+dP = dO V^T, P = exp(S - lse), dS = P (dP - D), dQ += dS K with dS straight from the
+accumulator registers as wgmma's A operand against K^T staged with each 8-key group permuted
+(as the forward's P V against V^T), chained per CHAIN = 4 steps; at the end dq = scale dQ.
+
+    d <= 64:        128 threads, 64 query rows; scale Q, K, V, K^T permuted: 128 KiB.
+    64 < d <= 128:  256 threads, 128 query rows (64 per warpgroup, as the wide forward);
+                    K's two halves, V's, K^T's: 192 KiB.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div, kernel_jit, kv_head,
+                       make_recompute_p, simulator_switch_interval)
+from ..vector_io import AlignedDispatch
+from .backward import row_stats
+from .forward import BLOCK_M_WIDE, STAGE_LOADS, split_p_chain
+from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add,
+                       add_in_turn, clear, make_global_fragment, make_lean_s, make_stage,
+                       make_wide_s)
+from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
+
+# lean: scale Q, K, V (both K-major over the head dim), K^T permuted; each big then small
+Q_T, K_T, V_T, KT_T = 0, 2 * TILE, 4 * TILE, 6 * TILE
+SCRATCH_AT = 8 * TILE
+NBYTES = 4 * (8 * TILE + (SCRATCH if SIMULATOR else 0))
+# wide: K's halves, V's halves (both chain-permuted), K^T's halves (permuted)
+WIDE_K_T, WIDE_V_T, WIDE_KT_T = 0, 2 * HALF, 4 * HALF
+WIDE_SCRATCH_AT = 6 * HALF
+WIDE_NBYTES = 4 * (6 * HALF + (2 * SCRATCH if SIMULATOR else 0))
+DOUT_ARG = 3                # dout's position in the arguments (q's is 0)
+
+
+@functools.lru_cache(maxsize=None)
+def make_lean_dq_kernel(causal):
+    """The dQ kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
+    dout, lse, D, dq, scale, heads, group) on (B*H, N, d) float32 arrays; writes dq."""
+    stage_q = make_stage(False, loads=STAGE_LOADS)        # as the forward stages scale Q
+    stage = make_stage(False)                             # K and V, K-major over the head dim
+    stage_kt = make_stage(True, permuted=True)            # K^T, each 8-key group permuted
+    s_steps = make_lean_s(K_T, SCRATCH_AT)
+    prod = products(BLOCK, D_PAD, D_PAD)
+    step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
+    fragment = make_global_fragment(False)
+    recompute_p = make_recompute_p(float32, causal)
+    uBM = U(BLOCK)
+
+    @kernel_jit(WARPGROUP)
+    def dq_wgmma(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        bh = U(cuda.blockIdx.y)
+        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        tid = U(cuda.threadIdx.x)
+        warp, lane = tid // U(32), tid % U(32)
+        row0 = U(cuda.blockIdx.x) * uBM
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        i0, i1 = row0 + row, row0 + row + U(8)
+        s_acc = cuda.local.array(REGS, float32)          # S, then dS
+        dp_acc = cuda.local.array(REGS, float32)         # dP
+        dq_acc = cuda.local.array(REGS, float32)         # dQ / scale
+        a_big = cuda.local.array(CHAIN_A, float32)       # dS's A fragments, split
+        a_small = cuda.local.array(CHAIN_A, float32)
+        stage_q(sm, U(Q_T), q, bh, row0, U(0), d, scale)
+        q_at = U(Q_T) + warp * U(1024) + lane
+        lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
+        clear(dq_acc)
+        n_end = nk
+        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
+            last = row0 + uBM + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        while n0 < n_end:
+            cuda.syncthreads()                      # every warp is done with the last tiles
+            stage(sm, U(K_T), k, kv, n0, U(0), d, float32(1.0))
+            stage(sm, U(V_T), v, kv, n0, U(0), d, float32(1.0))
+            stage_kt(sm, U(KT_T), k, kv, n0, U(0), d, float32(1.0))
+            fence_proxy_async()
+            cuda.syncthreads()
+            clear(s_acc)                            # S: the forward's steps
+            s_steps(sm, s_acc, q_at, 0)
+            s_steps(sm, s_acc, q_at, 2)
+            s_steps(sm, s_acc, q_at, 4)
+            s_steps(sm, s_acc, q_at, 6)
+            clear(dp_acc)                           # dP = dO V^T, two steps per wait
+            for s2 in range(STEPS // 2):
+                s = 2 * s2
+                a_b, a_s = fragment(dout, bh, row0, s, float32(1.0), d, warp, lane)
+                a2_b, a2_s = fragment(dout, bh, row0, s + 1, float32(1.0), d, warp, lane)
+                add_in_turn(dp_acc, step2_regs(sm, a_b, a_s, U(V_T), U(V_T + TILE), a2_b, a2_s,
+                                               U(V_T + STEP_FLOATS),
+                                               U(V_T + TILE + STEP_FLOATS), s,
+                                               U(SCRATCH_AT)))
+            for j in range(REGS):                   # dS = P (dP - D), in s_acc
+                hi = (j % 4) // 2
+                key = n0 + U(8 * (j // 4) + j % 2) + col_t
+                p = recompute_p(s_acc[j], lse1 if hi else lse0, i1 if hi else i0, key, nq, nk)
+                s_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
+            # dQ += dS K: dS's C fragment is the A fragment against the permuted K^T
+            split_p_chain(a_big, a_small, s_acc, 0)
+            add(dq_acc, chained_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), 0,
+                                     U(SCRATCH_AT)))
+            split_p_chain(a_big, a_small, s_acc, CHAIN)
+            add(dq_acc, chained_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), CHAIN,
+                                     U(SCRATCH_AT)))
+            n0 += uBM
+        for j in range(REGS):
+            i = i1 if (j % 4) // 2 else i0
+            c = U(8 * (j // 4) + j % 2) + col_t
+            if i < nq and c < d:
+                dq[bh, i, c] = dq_acc[j] * scale
+
+    return DynamicSharedKernel(dq_wgmma, NBYTES), WARPGROUP
+
+
+@functools.lru_cache(maxsize=None)
+def make_wide_dq_kernel(causal, vector_loads):
+    """The dQ kernel for 64 < d <= 128: grid (ceil(Nq / 128), B*H), 256 threads, the lean
+    dQ kernel's arguments. vector_loads: q's and dout's runs of 8 read 16 bytes at a time (both
+    16-byte aligned, d % 4 == 0: `launcher` picks)."""
+    stage = make_stage(False, per_warpgroup=True, chain_permuted=True)   # K, V
+    stage_kt = make_stage(True, permuted=True, per_warpgroup=True)       # K^T
+    s_chain = make_wide_s(WIDE_K_T, vector_loads)     # S: the wide forward's
+    dp_chain = make_wide_s(WIDE_V_T, vector_loads)    # dP = dO V^T alike
+    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    recompute_p = make_recompute_p(float32, causal)
+    uBN = U(BLOCK)
+
+    @kernel_jit(2 * WARPGROUP)
+    def dq_wgmma_wide(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        bh = U(cuda.blockIdx.y)
+        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        tid = U(cuda.threadIdx.x)
+        wg = tid // U(WARPGROUP)
+        warp, lane = (tid // U(32)) % U(4), tid % U(32)
+        scratch = U(WIDE_SCRATCH_AT) + wg * U(SCRATCH)
+        block0 = U(cuda.blockIdx.x) * U(BLOCK_M_WIDE)
+        row0 = block0 + wg * U(BLOCK)               # this warpgroup's 64 query rows
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        i0, i1 = row0 + row, row0 + row + U(8)
+        s_acc = cuda.local.array(REGS, float32)          # S, then dS
+        dp_acc = cuda.local.array(REGS, float32)         # dP
+        dq0 = cuda.local.array(REGS, float32)            # dQ / scale, columns 0..63
+        dq1 = cuda.local.array(REGS, float32)            # and 64..127
+        a_big = cuda.local.array(CHAIN_A, float32)
+        a_small = cuda.local.array(CHAIN_A, float32)
+        x = cuda.local.array(CHAIN_A, float32)
+        lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
+        clear(dq0)
+        clear(dq1)
+        kv_src = k if wg == U(0) else v             # wg 0 stages K's halves, wg 1 V's
+        at = U(WIDE_K_T) + wg * U(2 * HALF)
+        n_end = nk
+        if causal:
+            last = block0 + U(BLOCK_M_WIDE) + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        while n0 < n_end:
+            cuda.syncthreads()
+            stage(sm, at, kv_src, kv, n0, U(0), d, float32(1.0))
+            stage(sm, at + U(HALF), kv_src, kv, n0, U(D_PAD), d, float32(1.0))
+            stage_kt(sm, U(WIDE_KT_T) + wg * U(HALF), k, kv, n0, wg * U(D_PAD), d,
+                     float32(1.0))
+            fence_proxy_async()
+            cuda.syncthreads()
+            q_row0 = row0 + opaque_zero()           # (re-read from L1 / L2: forward.py)
+            clear(s_acc)
+            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 0, x, a_big, a_small,
+                    scratch)
+            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 1, x, a_big, a_small,
+                    scratch)
+            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 2, x, a_big, a_small,
+                    scratch)
+            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, x, a_big, a_small,
+                    scratch)
+            clear(dp_acc)
+            one = float32(1.0)
+            dp_chain(sm, dp_acc, dout, bh, q_row0, one, d, warp, lane, 0, x, a_big, a_small,
+                     scratch)
+            dp_chain(sm, dp_acc, dout, bh, q_row0, one, d, warp, lane, 1, x, a_big, a_small,
+                     scratch)
+            dp_chain(sm, dp_acc, dout, bh, q_row0, one, d, warp, lane, 2, x, a_big, a_small,
+                     scratch)
+            dp_chain(sm, dp_acc, dout, bh, q_row0, one, d, warp, lane, 3, x, a_big, a_small,
+                     scratch)
+            for j in range(REGS):                   # dS = P (dP - D), in s_acc
+                hi = (j % 4) // 2
+                key = n0 + U(8 * (j // 4) + j % 2) + col_t
+                p = recompute_p(s_acc[j], lse1 if hi else lse0, i1 if hi else i0, key, nq, nk)
+                s_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
+            # dQ += dS K against K^T's halves (written out: a loop holding a wgmma is not
+            # unrolled, and dq0 / dq1 picked by its index would live in local memory)
+            split_p_chain(a_big, a_small, s_acc, 0)
+            add(dq0, chained_regs(sm, a_big, a_small, U(WIDE_KT_T), U(WIDE_KT_T + TILE), 0,
+                                  scratch))
+            add(dq1, chained_regs(sm, a_big, a_small, U(WIDE_KT_T + HALF),
+                                  U(WIDE_KT_T + HALF + TILE), 0, scratch))
+            split_p_chain(a_big, a_small, s_acc, CHAIN)
+            add(dq0, chained_regs(sm, a_big, a_small, U(WIDE_KT_T), U(WIDE_KT_T + TILE), CHAIN,
+                                  scratch))
+            add(dq1, chained_regs(sm, a_big, a_small, U(WIDE_KT_T + HALF),
+                                  U(WIDE_KT_T + HALF + TILE), CHAIN, scratch))
+            n0 += uBN
+        for j in range(REGS):
+            i = i1 if (j % 4) // 2 else i0
+            c = U(8 * (j // 4) + j % 2) + col_t
+            if i < nq:
+                if c < d:
+                    dq[bh, i, c] = dq0[j] * scale
+                if c + U(D_PAD) < d:
+                    dq[bh, i, c + U(D_PAD)] = dq1[j] * scale
+
+    return DynamicSharedKernel(dq_wgmma_wide, WIDE_NBYTES), 2 * WARPGROUP
+
+
+@functools.lru_cache(maxsize=None)
+def launcher(d_wide, causal):
+    """(kernel, threads, block_m): the lean dQ kernel, or the wide one with its vector-load
+    variant where q and dout are 16-byte aligned (AlignedDispatch; the same sums)."""
+    if not d_wide:
+        return (*make_lean_dq_kernel(causal), BLOCK)
+    vector, threads = make_wide_dq_kernel(causal, True)
+    scalar = make_wide_dq_kernel(causal, False)[0]
+    return AlignedDispatch(vector, scalar, (0, DOUT_ARG)), threads, BLOCK_M_WIDE
+
+
+def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal):
+    """dq from the forward's lse and D = rowsum(dO * O), on 3-D float32 device arrays."""
+    bh, nq, d = q.shape
+    kernel, threads, block_m = launcher(d > D_PAD, bool(causal))
+    with simulator_switch_interval():
+        kernel[(ceil_div(nq, block_m), bh), threads](q, k, v, dout, lse, D, dq,
+                                                     np.float32(scale), heads, group)

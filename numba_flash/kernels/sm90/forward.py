@@ -1,0 +1,311 @@
+"""The Hopper forward (wgmma, sm_90a), float32 through 3xTF32: FlashAttention-2's loop, one
+warpgroup (128 threads) per 64 query rows, K/V blocks of 64 keys.
+
+    d <= 64:        make_lean_kernel, one warpgroup per block of 64 rows (64 x 64 tiles);
+                    96 KiB of shared memory (scale Q, K, V^T staged), two blocks per SM.
+    64 < d <= 128:  make_wide_kernel, two warpgroups per block of 128 rows against shared K/V
+                    tiles (128 x 64 tiles), the head dim in two halves of 64.
+
+Per K/V block: S = (scale Q) K^T (formed as sm90.operands says, as the backward recomputes
+it), the online softmax (sm90.softmax), O = O alpha + P V. P is wgmma's A operand straight
+from S's accumulator registers: S's C fragment gives a thread keys 2t and 2t + 1 of every
+8-key group of its two rows, a register A fragment takes contraction positions t and t + 4 of
+a step; staging V^T with each 8-key group permuted (make_stage(permuted=True): position k
+holds key 2 (k % 4) + k // 4) makes the C-fragment entries (4s, 4s + 2, 4s + 1, 4s + 3) the
+A fragment of step s as they stand. P V runs as products of CHAIN = 4 steps chained in the
+tensor core's accumulator (split_p_chain), each added into O in float32.
+
+Loops over steps are written out with constant indices (a loop holding a wgmma is not
+unrolled by LLVM, and an array indexed by the step then lives in local memory).
+Registers and spills per kernel: tools/ptxas_check.py; figures: docs/performance.md.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda, float32
+
+from ..mma import split_tf32
+from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
+                       inlined_device_function, kernel_jit, kv_head, simulator_launch)
+from ..vector_io import AlignedDispatch
+from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, TILE, add, clear, make_lean_s,
+                       make_stage, make_wide_s)
+from .softmax import finish_rows, make_online_softmax
+from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
+
+D_WIDE = 2 * D_PAD           # the wide kernels' head dim, zero-padded: two halves of 64
+BLOCK_M_WIDE = 2 * BLOCK     # the wide forward's query rows per block: 64 per warpgroup
+# global loads in flight per thread while staging K and V (docs/experiments.md: 8, 16, 32)
+STAGE_LOADS = 16
+
+# lean: float offsets of the tiles, each big then small: scale Q, K, V^T permuted
+Q_T, K_T, VT_T = 0, 2 * TILE, 4 * TILE
+SCRATCH_AT = 6 * TILE          # the simulator's fragment and quad exchange (wgmma.py)
+NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
+# wide: K's two column halves, then V^T's (rows: the head dim), each big then small
+WIDE_K_T, WIDE_VT_T = 0, 2 * HALF
+WIDE_SCRATCH_AT = 4 * HALF     # the simulator's exchanges, one SCRATCH per warpgroup
+WIDE_NBYTES = 4 * (4 * HALF + (2 * SCRATCH if SIMULATOR else 0))
+
+
+def tiles(d):
+    """(block_m, block_n): (64, 64) for d <= 64, (128, 64) for 64 < d <= 128."""
+    return (BLOCK, BLOCK) if d <= D_PAD else (BLOCK_M_WIDE, BLOCK)
+
+
+def check(block_m, block_n, d, dtype):
+    """ValueError unless float32, 1 <= d <= 128 and the tiles of `tiles(d)`."""
+    if np.dtype(dtype) != np.float32:
+        raise ValueError(f"the wgmma forward is float32 only, got {np.dtype(dtype)}")
+    if not 1 <= d <= D_WIDE:
+        raise ValueError(f"the wgmma forward needs 1 <= d <= {D_WIDE}, got {d}")
+    if (block_m, block_n) != tiles(d):
+        raise ValueError(f"the wgmma forward has {tiles(d)[0]} x {tiles(d)[1]} tiles at d = {d}, "
+                         f"got block_m={block_m}, block_n={block_n}")
+
+
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
+    """(kernel, threads) of the Hopper forward for head dim d (registry contract): the lean
+    kernel for d <= 64, the wide one (with its scalar-load twin for unaligned q) above."""
+    check(block_m, block_n, head_dim, dtype)
+    if head_dim <= D_PAD:
+        return make_lean_kernel(bool(causal))
+    return launcher(bool(causal))
+
+
+@inlined_device_function
+def split_p_chain(a_big, a_small, p, s0):
+    """The A fragments of P V's steps s0..s0 + CHAIN, split, into a_big, a_small (step s0 + s's
+    at 4 s..): P's C-fragment entries 4s, 4s + 2, 4s + 1, 4s + 3 against the permuted V^T."""
+    for s in range(CHAIN):
+        for e in range(4):
+            a_big[4 * s + e], a_small[4 * s + e] = split_tf32(p[4 * (s0 + s) + (e % 2) * 2
+                                                                + e // 2])
+
+
+@functools.lru_cache(maxsize=None)
+def make_lean_kernel(causal):
+    """The kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
+    out, lse, scale, heads, group) on (B*H, N, d) float32 device arrays. scale Q is staged
+    once (its big and small parts) and its A fragments read from there; S's steps go two per
+    tensor-core wait (each from zero, added in step order); P V as two chained products."""
+    stage_k = make_stage(False, loads=STAGE_LOADS)
+    stage_vt = make_stage(True, permuted=True, loads=STAGE_LOADS)
+    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    s_steps = make_lean_s(K_T, SCRATCH_AT)
+    online_softmax = make_online_softmax(causal)
+    uBM = U(BLOCK)
+
+    @inlined_device_function
+    def pv_chain(sm, o_acc, p, a_big, a_small, s0):
+        """o_acc += steps s0..s0 + CHAIN of P V, chained in the tensor core (one wait)."""
+        split_p_chain(a_big, a_small, p, s0)
+        add(o_acc, chained_regs(sm, a_big, a_small, U(VT_T), U(VT_T + TILE), s0,
+                                U(SCRATCH_AT)))
+
+    @kernel_jit(WARPGROUP)
+    def forward_wgmma(q, k, v, out, lse, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        bh = U(cuda.blockIdx.y)
+        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        tid = U(cuda.threadIdx.x)
+        warp, lane = tid // U(32), tid % U(32)
+        row0 = U(cuda.blockIdx.x) * uBM
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        # this thread's accumulator entries (wgmma.position): rows row, row + 8 of the block
+        # (i0, i1), columns col_t, col_t + 1 of each 8-column group
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        i0, i1 = row0 + row, row0 + row + U(8)
+        s_acc = cuda.local.array(REGS, float32)          # S, then P
+        o_acc = cuda.local.array(REGS, float32)          # O, unnormalized
+        m = cuda.local.array(2, float32)                 # running row max of rows i0, i1
+        l = cuda.local.array(2, float32)                 # this thread's share of the row sums
+        m_safe = cuda.local.array(2, float32)            # m, or 0 while a row has seen no key
+        alpha = cuda.local.array(2, float32)             # exp(m_old - m_new)
+        a_big = cuda.local.array(CHAIN_A, float32)       # P's A fragments, split
+        a_small = cuda.local.array(CHAIN_A, float32)
+        # scale Q, staged once as big and small parts; its A fragments are read from there
+        stage_k(sm, U(Q_T), q, bh, row0, U(0), d, scale)
+        q_at = U(Q_T) + warp * U(1024) + lane     # core_offset(row, t4, 64): see q_fragment
+        for h in range(2):
+            m[h] = float32(NEG_INF)
+            l[h] = float32(0.0)
+        clear(o_acc)
+
+        n_end = nk
+        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
+            last = row0 + uBM + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        first = n0
+        more = n0 < n_end
+        while more:
+            cuda.syncthreads()                      # every warp is done with the last tiles
+            stage_k(sm, U(K_T), k, kv, n0, U(0), d, float32(1.0))
+            stage_vt(sm, U(VT_T), v, kv, n0, U(0), d, float32(1.0))
+            fence_proxy_async()
+            cuda.syncthreads()
+            n1 = n0 + uBM
+
+            # S = (scale Q) K^T, written out (as a loop, which only moves shared-memory
+            # addresses, ptxas gave 185 registers, 255 with spills under causal, against 170)
+            clear(s_acc)
+            s_steps(sm, s_acc, q_at, 0)
+            s_steps(sm, s_acc, q_at, 2)
+            s_steps(sm, s_acc, q_at, 4)
+            s_steps(sm, s_acc, q_at, 6)
+
+            online_softmax(sm, U(SCRATCH_AT), s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t,
+                           nq, nk)
+            for j in range(REGS):
+                o_acc[j] *= alpha[(j % 4) // 2]
+
+            # O += P V: P's C fragment is the A fragment against the permuted V^T
+            pv_chain(sm, o_acc, s_acc, a_big, a_small, 0)
+            pv_chain(sm, o_acc, s_acc, a_big, a_small, CHAIN)
+            n0 = n1 if n1 < n_end else U(0)
+            more = n0 != first
+
+        # O / l and lse = m + log l
+        inv0, inv1 = finish_rows(sm, U(SCRATCH_AT), lse, bh, m, l, i0, i1, t4, nq)
+        for j in range(REGS):
+            h = (j % 4) // 2
+            i = i1 if h else i0
+            c = U(8 * (j // 4) + j % 2) + col_t
+            if i < nq and c < d:
+                out[bh, i, c] = o_acc[j] * (inv1 if h else inv0)
+
+    return simulator_launch(DynamicSharedKernel(forward_wgmma, NBYTES)), WARPGROUP
+
+
+@functools.lru_cache(maxsize=None)
+def make_wide_kernel(causal, vector_loads):
+    """The kernel for 64 < d <= 128: grid (ceil(Nq / 128), B*H), 256 threads, arguments (q, k,
+    v, out, lse, scale, heads, group) on (B*H, N, d) float32 device arrays. Warpgroup 0 stages
+    K's two halves, warpgroup 1 V^T's; each warpgroup reads its 64 rows of scale Q from global
+    memory (L1 / L2) into chained A fragments per K/V block. S as four chained products with
+    the contraction permuted (sm90.operands), P V as two per half of O.
+    vector_loads: Q's runs of 8 columns read 16 bytes at a time (q 16-byte aligned,
+    d % 4 == 0: `launcher` picks by the arguments); False: element by element."""
+    stage_k = make_stage(False, loads=STAGE_LOADS, per_warpgroup=True, chain_permuted=True)
+    stage_vt = make_stage(True, permuted=True, loads=STAGE_LOADS, per_warpgroup=True)
+    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    s_chain = make_wide_s(WIDE_K_T, vector_loads)
+    online_softmax = make_online_softmax(causal)
+    uBN = U(BLOCK)
+
+    @inlined_device_function
+    def pv_chain(sm, o0, o1, p, p_big, p_small, s0, scratch):
+        """O += steps s0..s0 + CHAIN of P V, each half one product chained in the tensor core;
+        P's A fragments split into p_big, p_small first."""
+        split_p_chain(p_big, p_small, p, s0)
+        add(o0, chained_regs(sm, p_big, p_small, U(WIDE_VT_T), U(WIDE_VT_T + TILE), s0,
+                             scratch))
+        add(o1, chained_regs(sm, p_big, p_small, U(WIDE_VT_T + HALF),
+                             U(WIDE_VT_T + HALF + TILE), s0, scratch))
+
+    @kernel_jit(2 * WARPGROUP)
+    def forward_wgmma_wide(q, k, v, out, lse, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        bh = U(cuda.blockIdx.y)
+        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        tid = U(cuda.threadIdx.x)
+        wg = tid // U(WARPGROUP)
+        warp, lane = (tid // U(32)) % U(4), tid % U(32)
+        scratch = U(WIDE_SCRATCH_AT) + wg * U(SCRATCH)
+        block0 = U(cuda.blockIdx.x) * U(BLOCK_M_WIDE)
+        row0 = block0 + wg * U(BLOCK)               # this warpgroup's 64 query rows
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        i0, i1 = row0 + row, row0 + row + U(8)
+        s_acc = cuda.local.array(REGS, float32)          # S, then P
+        o0 = cuda.local.array(REGS, float32)             # O's head-dim columns 0..63
+        o1 = cuda.local.array(REGS, float32)             # and 64..127, unnormalized
+        m = cuda.local.array(2, float32)                 # running row max of rows i0, i1
+        l = cuda.local.array(2, float32)                 # this thread's share of the row sums
+        m_safe = cuda.local.array(2, float32)            # m, or 0 while a row has seen no key
+        alpha = cuda.local.array(2, float32)             # exp(m_old - m_new)
+        a_big = cuda.local.array(CHAIN_A, float32)       # chained products' A fragments,
+        a_small = cuda.local.array(CHAIN_A, float32)     # split (P's, or scale Q's)
+        x = cuda.local.array(CHAIN_A, float32)           # scale Q's, unsplit
+        for h in range(2):
+            m[h] = float32(NEG_INF)
+            l[h] = float32(0.0)
+        clear(o0)
+        clear(o1)
+        # warpgroup 0 stages K's two halves, warpgroup 1 V^T's
+        kv_src = k if wg == U(0) else v
+        at = U(WIDE_K_T) + wg * U(2 * HALF)
+
+        n_end = nk
+        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
+            last = block0 + U(BLOCK_M_WIDE) + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        first = n0
+        more = n0 < n_end
+        while more:
+            cuda.syncthreads()                      # every warp is done with the last tiles
+            if wg == U(0):
+                stage_k(sm, at, kv_src, kv, n0, U(0), d, float32(1.0))
+                stage_k(sm, at + U(HALF), kv_src, kv, n0, U(D_PAD), d, float32(1.0))
+            else:
+                stage_vt(sm, at, kv_src, kv, n0, U(0), d, float32(1.0))
+                stage_vt(sm, at + U(HALF), kv_src, kv, n0, U(D_PAD), d, float32(1.0))
+            fence_proxy_async()
+            cuda.syncthreads()
+
+            # S = (scale Q) K^T, as sm90.backward's wide kernel forms it
+            clear(s_acc)
+            # Q's rows re-read from L1 / L2 here: without opaque_zero LLVM hoists all 64 loads
+            # out of the loop and ptxas spills (255 registers, 208-296 bytes of stack)
+            q_row0 = row0 + opaque_zero()
+            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 0, x, a_big, a_small,
+                    scratch)
+            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 1, x, a_big, a_small,
+                    scratch)
+            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 2, x, a_big, a_small,
+                    scratch)
+            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, x, a_big, a_small,
+                    scratch)
+
+            online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk)
+            for j in range(REGS):
+                o0[j] *= alpha[(j % 4) // 2]
+                o1[j] *= alpha[(j % 4) // 2]
+
+            # O += P V
+            pv_chain(sm, o0, o1, s_acc, a_big, a_small, 0, scratch)
+            pv_chain(sm, o0, o1, s_acc, a_big, a_small, CHAIN, scratch)
+            n0 += uBN
+            if n0 >= n_end:
+                n0 = U(0)
+            more = n0 != first
+
+        # O / l and lse = m + log l
+        inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
+        for j in range(REGS):
+            h = (j % 4) // 2
+            i = i1 if h else i0
+            c = U(8 * (j // 4) + j % 2) + col_t
+            if i < nq:
+                inv = inv1 if h else inv0
+                if c < d:
+                    out[bh, i, c] = o0[j] * inv
+                if c + U(D_PAD) < d:
+                    out[bh, i, c + U(D_PAD)] = o1[j] * inv
+
+    return simulator_launch(DynamicSharedKernel(forward_wgmma_wide, WIDE_NBYTES)), 2 * WARPGROUP
+
+
+@functools.lru_cache(maxsize=None)
+def launcher(causal):
+    """(kernel, threads) of the wide forward: the vector-load kernel where q is 16-byte aligned
+    (its data and rows: d % 4 == 0), its scalar-load twin otherwise (vector_io.AlignedDispatch;
+    the same sums, bit for bit)."""
+    vector, threads = make_wide_kernel(causal, True)
+    scalar = make_wide_kernel(causal, False)[0]
+    return AlignedDispatch(vector, scalar, (0,)), threads

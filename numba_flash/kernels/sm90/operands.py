@@ -1,0 +1,345 @@
+"""The operands of the Hopper family (sm_90a, wgmma 3xTF32): how Q, K, V, dO and the
+score tiles are staged in shared memory and read into register fragments, for both
+directions. The forward and the backward form S = (scale Q) K^T from these pieces, so that
+the backward's P = exp(S - lse) is the forward's bit for bit (at logits of 1e4 an ulp of S
+moves P by percents):
+
+- d <= 64 (one warpgroup, 64 x 64 tiles): A = scale Q as register fragments holding the TF32
+  parts of q * scale (`make_global_fragment`: the backward reads them from global memory, the
+  forward from its staged Q tile, whose parts `make_stage` splits the same way), B = the K tile
+  of `make_stage(False)`; 8 steps of 8, each summed from zero on the tensor core and added in
+  step order (sm90.forward pairs S's steps per wait, sm90.backward pairs S with dP: the same
+  sums).
+- 64 < d <= 128 (two warpgroups, the head dim in two halves of 64): four products of CHAIN = 4
+  steps chained in the tensor core, A from `make_chain_fragments(permuted=True)` (each
+  thread's entries runs of 8 contiguous columns, `chain_column`), B = K staged with
+  `make_stage(chain_permuted=True)`, the four chains added in order.
+The forward and the deterministic dQ pass form S with the same functions (make_lean_s,
+make_wide_s); the dK/dV kernels with the same fragments and products, loaded a step ahead
+(sm90.backward): the same values in the same sums.
+
+Layout (wgmma.core_offset): a 64 x 64 tile of floats, K-major, as its big and small TF32
+parts (mma.split_tf32), TILE floats each, the small part TILE floats after the big one.
+"""
+
+import functools
+
+from numba import cuda, float32
+
+from ..mma import split_tf32
+from ..support import U, device_function, inlined_device_function
+from ..vector_io import load4
+from .wgmma import CHAIN, STEP, WARPGROUP, products
+
+BLOCK = 64                  # block_m = block_n
+D_PAD = 64                  # the head dim, zero-padded
+TILE = BLOCK * D_PAD        # floats per tile
+STEPS = 64 // STEP          # 8-long steps of every product (K = d, i or j: all 64)
+REGS = 32                   # accumulator entries per thread of a 64 x 64 product
+LOADS = 8                   # global loads a thread has in flight when staging a tile
+STEP_FLOATS = 64            # floats from one 8-long step of a staged tile to the next
+HALF = 2 * TILE             # floats of one staged tile, big then small
+CHAIN_A = 4 * CHAIN         # a thread's A-fragment entries of one chained product (wgmma.py)
+
+
+@device_function
+def chain_column(c):
+    """The source column that column c of a chain-permuted tile holds. Within each 32 columns
+    (one chained product of CHAIN = 4 steps of 8), contraction index 8 s + t + 4 e (step s,
+    t = lane % 4 of the register A fragment, e = 0 or 1 its two k entries) is column
+    8 t + 2 s + e: each thread's 8 entries of a row are then 8 contiguous columns."""
+    k = c % U(32)
+    return c - k + U(8) * (k % U(4)) + U(2) * (k // U(8)) + (k % U(8)) // U(4)
+
+
+def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False,
+               chain_permuted=False):
+    """stage(sm, at, src, head, row0, col0, d, mult) for tiles K-major over the head dim
+    (transposed: over the rows).
+    permuted (with transposed): within each 8-group of the contraction, position k holds row
+    2 (k % 4) + k // 4, so that a C fragment is a register A fragment against this tile
+    (forward_wgmma: O += P V with V^T so staged). loads: stage's batch of global loads in
+    flight (a divisor of 32). per_warpgroup: stage runs in a block of several warpgroups, each
+    staging its own tiles (thread index taken modulo 128; a separate option because that
+    one instruction moved ptxas's allocation of the timed one-warpgroup forward, 170 -> 188
+    registers). chain_permuted (not transposed): the tile's column c holds the source's column
+    chain_column(c), so that a chained product's register A fragments, loaded by
+    make_chain_fragments(permuted=True), are runs of 8 contiguous columns (see there)."""
+    BATCH = loads
+    GROUPS = per_warpgroup
+    CHAIN_PERMUTED = chain_permuted and not transposed
+    @device_function
+    def contraction_index(c_t):
+        if permuted:
+            return c_t - c_t % U(8) + U(2) * (c_t % U(4)) + (c_t % U(8)) // U(4)
+        return c_t
+
+    @cuda.jit(device=True)
+    def load(src, head, row0, col0, n, d, mult, x, r_t, c_t):
+        """Element x * 128 + tid of the tile (see stage), or zero outside src."""
+        r = U(8 * (x // 4)) + r_t
+        c = U(16 * (x % 4)) + c_t
+        if CHAIN_PERMUTED:
+            c = chain_column(c)
+        if transposed:
+            r, c = c, r
+        c += col0
+        val = float32(0.0)
+        if row0 + r < n and c < d:
+            val = src[head, row0 + r, c] * mult
+        return val
+
+    @cuda.jit(device=True)
+    def stage(sm, at, src, head, row0, col0, d, mult):
+        """Rows row0.. and head-dim columns col0..col0 + 63 of src[head] (times mult; zero
+        past its rows or the head dim) as a 64 x 64 tile, K-major over the head dim
+        (transposed: over the rows, the tile's rows being the head dim), at sm[at] (big) and
+        sm[at + TILE] (small), by 128 threads (per_warpgroup: those of the caller's).
+        Thread-index order is the layout's own, so a warp writes one 512-byte run; the loads
+        go in batches of `loads`, so that a batch is in flight at once (one warp per
+        scheduler has nothing else to hide a load's latency behind)."""
+        n = U(src.shape[1])
+        tid = U(cuda.threadIdx.x)
+        if GROUPS:
+            tid %= U(WARPGROUP)
+        # element idx = tid + 128 x of the layout is (r, c) = (8 (x // 4) + r_t,
+        # 16 (x % 4) + c_t): core_offset's inverse, with the thread's part computed once
+        # (uint32 index math throughout: Python ints are int64 in Numba, and signed
+        # division and index wraparound cost instructions in every iteration)
+        r_t = (tid // U(4)) % U(8)
+        c_t = contraction_index((tid // U(32)) * U(4) + tid % U(4))
+        vals = cuda.local.array(BATCH, float32)
+        for b in range(TILE // WARPGROUP // BATCH):
+            for u in range(BATCH):
+                vals[u] = load(src, head, row0, col0, n, d, mult, b * BATCH + u, r_t, c_t)
+            for u in range(BATCH):
+                idx = tid + U((b * BATCH + u) * WARPGROUP)
+                big, small = split_tf32(vals[u])
+                sm[at + idx] = big
+                sm[at + TILE + idx] = small
+
+    return stage
+
+
+@device_function
+def add(acc, part):
+    for j in range(REGS):
+        acc[j] += part[j]
+
+@device_function
+def add2(acc, acc2, part):
+    for j in range(REGS):
+        acc[j] += part[j]
+    for j in range(REGS):
+        acc2[j] += part[REGS + j]
+
+@device_function
+def add_in_turn(acc, part):
+    """acc += part[:REGS], then acc += part[REGS:] (two steps of one product, in step order)."""
+    for j in range(REGS):
+        acc[j] += part[j]
+    for j in range(REGS):
+        acc[j] += part[REGS + j]
+
+@device_function
+def clear(acc):
+    for j in range(REGS):
+        acc[j] = float32(0.0)
+
+@device_function
+def transposed_fragment(sm, at, s, warp, lane):
+    """The register A fragment (big, small) of step s of X^T, X the 64 x 64 tile at sm[at]
+    (K-major: element (a, b) at core_offset(a, b, 64)): X^T's rows are b, its contraction
+    a; entries in wgmma.a_fragment_index's order."""
+    # core_offset(8 s + t (+ 4), 16 warp + g (+ 8), 64): a base plus 16 and 64
+    g, t = lane // U(4), lane % U(4)
+    o0 = at + U(512) * U(s) + (warp * U(4) + g // U(4)) * U(32) + t * U(4) + g % U(4)
+    o1, o2, o3 = o0 + U(64), o0 + U(16), o0 + U(80)
+    return ((sm[o0], sm[o1], sm[o2], sm[o3]),
+            (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
+
+
+@device_function
+def transposed_fragment_paired(sm, at, s, warp, lane):
+    """transposed_fragment with the thread's two rows paired: rows g and g + 8 of the warp's 16
+    are X^T's rows 16 warp + 2 g and 16 warp + 2 g + 1 (not 16 warp + g and + 8). A product
+    with this A has those rows in its accumulator's entries e and e + 2 (wgmma.position): for
+    dQ^T = K^T dS^T, two adjacent head-dim columns of one dq row, added by one vector atomic
+    (add_dq_pairs)."""
+    # core_offset(8 s + t (+ 4), 16 warp + 2 g (+ 1), 64): a base plus 1 and 16
+    g, t = lane // U(4), lane % U(4)
+    o0 = at + U(512) * U(s) + (warp * U(4) + g // U(2)) * U(32) + t * U(4) + (g % U(2)) * U(2)
+    o1, o2, o3 = o0 + U(1), o0 + U(16), o0 + U(17)
+    return ((sm[o0], sm[o1], sm[o2], sm[o3]),
+            (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
+
+
+@device_function
+def transposed_fragment_chain_paired(sm, at, s, warp, lane):
+    """transposed_fragment_paired for a chain-permuted tile (make_stage's chain_permuted: its
+    column b holds source column chain_column(b)): the thread's rows g and g + 8 are source
+    columns 16 warp + 2 g and + 1 again, read from the tile's columns that hold them (the
+    second 4 after the first)."""
+    # core_offset(8 s + t (+ 4), b (+ 4), 64) with b = 32 (warp // 2) + 8 (g % 4)
+    # + 2 (warp % 2) + g // 4, the column holding source column 16 warp + 2 g
+    g, t = lane // U(4), lane % U(4)
+    o0 = (at + U(512) * U(s) + (U(8) * (warp // U(2)) + U(2) * (g % U(4))) * U(32) + t * U(4)
+          + U(2) * (warp % U(2)) + g // U(4))
+    o1, o2, o3 = o0 + U(32), o0 + U(16), o0 + U(48)
+    return ((sm[o0], sm[o1], sm[o2], sm[o3]),
+            (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
+
+
+def make_global_fragment(transposed, split=True):
+    """global_fragment (below); split=False: its four elements as loaded (times mult), to be
+    split later by split_fragment (backward_wgmma_wide loads a step ahead of its use)."""
+    @device_function
+    def element(src, head, row0, r, c, mult, n, d):
+        if transposed:                         # X^T[r, c] = src[row0 + c, r]
+            r, c = c, r
+        x = float32(0.0)
+        if row0 + r < n and c < d:
+            x = src[head, row0 + r, c] * mult
+        return x
+
+    @device_function
+    def global_fragment(src, head, row0, s, mult, d, warp, lane):
+        """The register A fragment (big, small) of step s of X = mult src[head, row0:row0+64, :]
+        (transposed: of X^T), read from global memory and split, entries in
+        wgmma.a_fragment_index's order; zero outside src."""
+        n = U(src.shape[1])
+        r = warp * U(16) + lane // U(4)
+        c = U(STEP * s) + lane % U(4)
+        b0, s0 = split_tf32(element(src, head, row0, r, c, mult, n, d))
+        b1, s1 = split_tf32(element(src, head, row0, r + U(8), c, mult, n, d))
+        b2, s2 = split_tf32(element(src, head, row0, r, c + U(4), mult, n, d))
+        b3, s3 = split_tf32(element(src, head, row0, r + U(8), c + U(4), mult, n, d))
+        return (b0, b1, b2, b3), (s0, s1, s2, s3)
+
+    @device_function
+    def global_elements(src, head, row0, s, mult, d, warp, lane):
+        n = U(src.shape[1])
+        r = warp * U(16) + lane // U(4)
+        c = U(STEP * s) + lane % U(4)
+        return (element(src, head, row0, r, c, mult, n, d),
+                element(src, head, row0, r + U(8), c, mult, n, d),
+                element(src, head, row0, r, c + U(4), mult, n, d),
+                element(src, head, row0, r + U(8), c + U(4), mult, n, d))
+    return global_fragment if split else global_elements
+
+
+@functools.lru_cache(maxsize=None)
+def make_chain_fragments(transposed, permuted=False, vector=False):
+    """chain_elements(x, src, head, row0, s0, mult, d, warp, lane): the elements of the register
+    A fragments of steps s0..s0 + CHAIN of X (make_global_fragment's X) into the local array
+    x, step s0 + s's four at 4 s..; with split_chain(a_big, a_small, x), the A operand of
+    wgmma's chained_3xtf32_regs (the same TF32 parts as global_fragment's).
+    permuted (not transposed): X's contraction index permuted by chain_column, against a B tile
+    staged so (make_stage's chain_permuted): a thread's 8 entries of each of its two rows are
+    then 8 contiguous columns, 8 (lane % 4).. of the chain's 32, read as one run. vector (with
+    permuted): each run as two 16-byte loads (vector_io.load4: src's data and rows 16-byte
+    aligned, d % 4 == 0, the caller's promise), else element by element."""
+    elements = make_global_fragment(transposed, split=False)
+    PERMUTED, VECTOR = permuted and not transposed, vector and permuted and not transposed
+    zeros = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
+
+    @device_function
+    def run_of_8(src, head, row, c, mult, n, d, x, h):
+        """src[head, row, c:c + 8] * mult (zero outside src) into x as rows h (0: the
+        thread's first row, 1: the one 8 below) of a chain's fragments: column c + 2 s + e is
+        step s's entry of k index lane % 4 + 4 e (chain_column)."""
+        if VECTOR:      # d % 4 == 0 and c % 8 == 0: each run of 4 is all inside or all out
+            lo = load4(src, head, row, c) if row < n and c < d else zeros
+            hi = load4(src, head, row, c + U(4)) if row < n and c + U(4) < d else zeros
+            for u in range(4):
+                x[4 * (u // 2) + 2 * (u % 2) + h] = lo[u] * mult
+                x[4 * (2 + u // 2) + 2 * (u % 2) + h] = hi[u] * mult
+        else:
+            for u in range(8):
+                val = float32(0.0)
+                if row < n and c + U(u) < d:
+                    val = src[head, row, c + U(u)] * mult
+                x[4 * (u // 2) + 2 * (u % 2) + h] = val
+
+    @device_function
+    def chain_elements(x, src, head, row0, s0, mult, d, warp, lane):
+        if PERMUTED:
+            n = U(src.shape[1])
+            r = row0 + warp * U(16) + lane // U(4)
+            c = U(STEP) * s0 + U(8) * (lane % U(4))
+            run_of_8(src, head, r, c, mult, n, d, x, 0)
+            run_of_8(src, head, r + U(8), c, mult, n, d, x, 1)
+        else:
+            for s in range(CHAIN):
+                e4 = elements(src, head, row0, s0 + s, mult, d, warp, lane)
+                for e in range(4):
+                    x[4 * s + e] = e4[e]
+    return chain_elements
+
+
+@device_function
+def split_chain(a_big, a_small, x):
+    """a_big, a_small = the TF32 parts of x, entry by entry (CHAIN_A entries)."""
+    for j in range(CHAIN_A):
+        a_big[j], a_small[j] = split_tf32(x[j])
+
+
+@device_function
+def split_fragment(x):
+    """(big, small) of a fragment's four elements: what global_fragment returns."""
+    b0, s0 = split_tf32(x[0])
+    b1, s1 = split_tf32(x[1])
+    b2, s2 = split_tf32(x[2])
+    b3, s3 = split_tf32(x[3])
+    return (b0, b1, b2, b3), (s0, s1, s2, s3)
+
+
+
+@functools.lru_cache(maxsize=None)
+def make_lean_s(k_at, scratch_at):
+    """s_steps(sm, s_acc, q_at, s) for d <= 64: s_acc += steps s and s + 1 of (scale Q) K^T in
+    one tensor-core wait (each from zero, added in step order), A = scale Q's fragments from
+    its staged tile (q_at = the tile's offset + core_offset(16 warp + lane // 4, lane % 4, 64)
+    = offset + 1024 warp + lane), B = the K tile at sm[k_at]; call with s = 0, 2, 4, 6."""
+    step2_regs = products(BLOCK, D_PAD, D_PAD)["step2_3xtf32_regs"]
+    K_AT, SCRATCH_AT = k_at, scratch_at
+
+    @inlined_device_function
+    def q_fragment(sm, o):
+        """scale Q's register A fragment (big, small) of step s, o = q_at + 64 s: the
+        fragment's other entries 32, 512 and 544 floats on (wgmma.a_fragment_index: k + 4,
+        row + 8, both)."""
+        return ((sm[o], sm[o + U(512)], sm[o + U(32)], sm[o + U(544)]),
+                (sm[o + U(TILE)], sm[o + U(TILE + 512)], sm[o + U(TILE + 32)],
+                 sm[o + U(TILE + 544)]))
+
+    @inlined_device_function
+    def s_steps(sm, s_acc, q_at, s):
+        a_big, a_small = q_fragment(sm, q_at + U(STEP_FLOATS * s))
+        a2_big, a2_small = q_fragment(sm, q_at + U(STEP_FLOATS * (s + 1)))
+        add_in_turn(s_acc, step2_regs(sm, a_big, a_small, U(K_AT), U(K_AT + TILE), a2_big,
+                                      a2_small, U(K_AT + STEP_FLOATS),
+                                      U(K_AT + TILE + STEP_FLOATS), s, U(SCRATCH_AT)))
+    return s_steps
+
+
+@functools.lru_cache(maxsize=None)
+def make_wide_s(k_at, vector_loads):
+    """s_chain(sm, s_acc, q, bh, row0, scale, d, warp, lane, g, x, a_big, a_small, scratch) for
+    64 < d <= 128: s_acc += steps CHAIN g.. of (scale Q) K^T as one product chained in the
+    tensor core (one wait); A = scale Q's permuted chain fragments read from global memory
+    into x and split into a_big, a_small (CHAIN_A-entry local arrays), B = K's column half
+    g // 2 staged chain-permuted at sm[k_at] (HALF floats per half); call with g = 0..3.
+    vector_loads: q's runs of 8 read 16 bytes at a time (q 16-byte aligned, d % 4 == 0)."""
+    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    chain_elements = make_chain_fragments(False, True, vector_loads)
+    K_AT = k_at
+
+    @inlined_device_function
+    def s_chain(sm, s_acc, q, bh, row0, scale, d, warp, lane, g, x, a_big, a_small, scratch):
+        chain_elements(x, q, bh, row0, U(CHAIN * g), scale, d, warp, lane)
+        split_chain(a_big, a_small, x)
+        b_at = U(K_AT + HALF * (CHAIN * g // STEPS))
+        add(s_acc, chained_regs(sm, a_big, a_small, b_at, b_at + U(TILE), (CHAIN * g) % STEPS,
+                                scratch))
+    return s_chain

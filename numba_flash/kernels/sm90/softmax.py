@@ -1,0 +1,80 @@
+"""The online softmax of the Hopper family, on a warpgroup's 64 x 64 accumulator of S
+(wgmma.position: a thread holds rows i0 = row and i1 = row + 8 of its warp's 16, columns
+col_t, col_t + 1 of each 8-column group; a row's entries live in the 4 threads of a quad).
+
+Per K/V block (FlashAttention-2's forward): S masked, m_new = max(m, rowmax S),
+alpha = exp(m - m_new), l = l alpha + rowsum P with P = exp(S - m_new); the caller rescales O
+by alpha. At the end lse = m + log l (-inf for a row that saw no key) and O / l.
+The backward recomputes P = exp(S - lse) (support.make_recompute_p), with S formed as the
+forward formed it (sm90.operands).
+"""
+
+import functools
+import math
+
+from numba import float32
+
+from ..support import NEG_INF, U, inlined_device_function
+from .operands import REGS
+from .wgmma import quad_max, quad_sum
+
+
+@functools.lru_cache(maxsize=None)
+def make_online_softmax(causal):
+    """online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk): one
+    K/V block's step of the online softmax on a warpgroup's 64 x 64 S (the accumulator entries
+    s_acc of rows i0, i1 and keys n0 + col_t.., wgmma.position), in place: S masked (keys past
+    nk; causal), m = max(m, rowmax S), alpha = exp(m_old - m_new), l = l alpha + rowsum P, and
+    s_acc = P = exp(S - m); the caller rescales O by alpha. m, l, m_safe, alpha: the thread's
+    two rows' (l its share of the row sum, m_safe m or 0 while a row has seen no key); the row
+    max over the quad by quad_max (scratch: the simulator's exchange). Shared by both forward
+    kernels (sm90.forward)."""
+    @inlined_device_function
+    def online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk):
+        # mask, then the row max of this tile: the thread's 16 entries, then its quad's
+        mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
+        for nt in range(REGS // 4):
+            for e in range(4):
+                j = 4 * nt + e
+                key = n0 + U(8 * nt + e % 2) + col_t
+                i = i1 if e // 2 else i0
+                x = s_acc[j]
+                if key >= nk or (causal and key + nq > i + nk):
+                    x = float32(NEG_INF)
+                s_acc[j] = x
+                if e // 2:
+                    mx1 = max(mx1, x)
+                else:
+                    mx0 = max(mx0, x)
+        mx0 = quad_max(sm, scratch, mx0)
+        mx1 = quad_max(sm, scratch, mx1)
+        for h in range(2):
+            m_new = max(m[h], mx1 if h else mx0)
+            # guard: a row that has seen no key yet keeps m = -inf, P = 0, O = 0
+            m_safe[h] = m_new if m_new != float32(NEG_INF) else float32(0.0)
+            alpha[h] = math.exp(m[h] - m_safe[h])
+            m[h] = m_new
+            l[h] *= alpha[h]
+        for j in range(REGS):
+            h = (j % 4) // 2
+            p = math.exp(s_acc[j] - m_safe[h])
+            s_acc[j] = p
+            l[h] += p
+    return online_softmax
+
+
+@inlined_device_function
+def finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq):
+    """The end of the online softmax for the thread's rows i0, i1: l summed over the quad,
+    lse = m + log l stored (-inf for a row that saw no key; l >= 1 wherever m is finite, the
+    max entry giving exp 0); returns 1 / l of both rows (0 for such a row), O's factors."""
+    l0 = quad_sum(sm, scratch, l[0])
+    l1 = quad_sum(sm, scratch, l[1])
+    if t4 == U(0):
+        if i0 < nq:
+            lse[bh, i0] = m[0] + math.log(l0) if l0 > float32(0.0) else float32(NEG_INF)
+        if i1 < nq:
+            lse[bh, i1] = m[1] + math.log(l1) if l1 > float32(0.0) else float32(NEG_INF)
+    inv0 = float32(1.0) / l0 if l0 > float32(0.0) else float32(0.0)
+    inv1 = float32(1.0) / l1 if l1 > float32(0.0) else float32(0.0)
+    return inv0, inv1

@@ -1,0 +1,201 @@
+"""The registry of kernel pairs: what `kernel=` names.
+
+A registered name is a Pair: a forward kernel factory and the backward that follows it (it
+recomputes P from the forward's lse, forming S as that forward formed it), their default tiles,
+and `can_run(d, dtype, device)`. The API asks `resolve(name, d, dtype)` for the pair to run:
+
+- "auto" (the default) is the first pair of `auto_order(device)` that can run the case: the
+  fastest measured there (on an H200, the Hopper pair; docs/performance.md);
+- a pair that cannot run a case falls back to its `fallback` (wgmma -> fa2), here and nowhere
+  else, so that the forward and the backward of one call resolve to the same pair.
+
+A user's variant is a Pair too: `register(variant("mine", "tiled", make_forward=...))`
+(README, "Changing a kernel"); every check (tests, `numba-flash verify`, the fuzzer, the
+benchmark) runs on what is registered.
+
+device strings: "simulator", or "sm_XY" for a GPU of compute capability X.Y.
+"""
+
+import dataclasses
+import functools
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from .kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
+from .kernels.sm90 import backward as backward_wgmma, forward as forward_wgmma
+from .kernels.support import SIMULATOR, SUPPORTED_DTYPES
+
+
+def current_device():
+    """"simulator", or "sm_XY" for the current GPU."""
+    if SIMULATOR:
+        return "simulator"
+    from numba import cuda
+    major, minor = cuda.get_current_device().compute_capability
+    return f"sm_{major}{minor}"
+
+
+def anywhere(d, dtype, device):
+    """can_run of the portable pairs: every dtype the API takes (float32, float64), d <= 256."""
+    return np.dtype(dtype) in SUPPORTED_DTYPES
+
+
+@dataclass(frozen=True)
+class Pair:
+    """A forward and the backward that follows it, with one frozen configuration.
+
+    make_forward(block_m, block_n, d, causal, dtype) -> (kernel, threads): kernel[grid,
+        threads](q, k, v, out, lse, scale, heads, group) on (B*H, N, d) device arrays, grid
+        (ceil(Nq / block_m), B*H); ValueError for tiles it cannot take.
+    run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal, block_m,
+        block_n, deterministic): launches what it needs on 3-D device arrays (dq, dk, dv
+        written; deterministic=True: no atomics, bitwise reproducible).
+    forward_tiles(d, dtype), backward_tiles(d, dtype, deterministic) -> (block_m, block_n).
+    check_backward_tiles(block_m, block_n, d, dtype, deterministic): ValueError for tiles the
+        backward cannot take (None: only its default tiles).
+    can_run(d, dtype, device) -> bool; fallback: the pair to run where it cannot.
+    fixed_tiles: the pair has one tile shape per (d, dtype) (no tile invariance to test).
+    atomic_dq: dq is added with atomics unless deterministic=True (not bitwise reproducible).
+    """
+    name: str
+    make_forward: Callable
+    run_backward: Callable
+    forward_tiles: Callable
+    backward_tiles: Callable
+    check_backward_tiles: Callable = None
+    can_run: Callable = anywhere
+    fallback: str = None
+    fixed_tiles: bool = False
+    atomic_dq: bool = False
+    summary: str = ""
+
+    def accepts(self, kind, block_m, block_n, d, dtype, deterministic=False):
+        """True when the pair's forward (kind "forward") or backward takes these tiles."""
+        try:
+            if kind == "forward":
+                self.make_forward(block_m, block_n, d, False, np.dtype(dtype))
+            elif self.check_backward_tiles is not None:
+                self.check_backward_tiles(block_m, block_n, d, np.dtype(dtype), deterministic)
+            else:
+                return (block_m, block_n) == self.backward_tiles(d, np.dtype(dtype),
+                                                                 deterministic)
+        except ValueError:
+            return False
+        return True
+
+
+PAIRS = {}
+
+
+def register(pair):
+    """Add `pair` under pair.name (replacing any of that name); returns it."""
+    if not isinstance(pair, Pair):
+        raise TypeError(f"register takes a registry.Pair, got {type(pair).__name__}")
+    PAIRS[pair.name] = pair
+    return pair
+
+
+def unregister(name):
+    PAIRS.pop(name, None)
+
+
+def variant(name, base, **changes):
+    """A copy of registered pair `base` under `name` with fields replaced (make_forward=,
+    run_backward=, ...), for a changed kernel; it takes over base's tiles and can_run, and
+    has no fallback (a variant that cannot run a case says so)."""
+    return dataclasses.replace(PAIRS[base], name=name, **{"fallback": None, **changes})
+
+
+def auto_order(device):
+    """The pairs "auto" tries, fastest first. On an sm_90 GPU the Hopper pair (1.3-1.6x fa2 in
+    forward+backward on the H200, docs/performance.md); elsewhere fa2. On the simulator fa2
+    as well: there the Hopper pair's tensor-core products are NumPy models, several times
+    slower than fa2's FFMA loops."""
+    return ("wgmma", "fa2") if device == "sm_90" else ("fa2",)
+
+
+def resolve(name, d, dtype, device=None):
+    """The registered Pair that runs `name` ("auto" or a registered name) for head dim d and
+    dtype on `device` (default: this process's), after fallbacks. ValueError for an unknown
+    name or a case nothing can run; TypeError for a name that is not a string."""
+    if not isinstance(name, str):
+        raise TypeError(f"kernel must be a registered name (a str), got {name!r}")
+    device = device or current_device()
+    if name == "auto":
+        for candidate in auto_order(device):
+            if candidate in PAIRS and PAIRS[candidate].can_run(d, dtype, device):
+                return PAIRS[candidate]
+        raise ValueError(f"no registered kernel runs d={d} {np.dtype(dtype)} on {device}")
+    if name not in PAIRS:
+        raise ValueError(f"unknown kernel {name!r}; registered: {sorted(PAIRS)} (or 'auto')")
+    pair, tried = PAIRS[name], []
+    while not pair.can_run(d, dtype, device):
+        tried.append(pair.name)
+        if pair.fallback is None or pair.fallback in tried:
+            raise ValueError(f"kernel {name!r} cannot run d={d} {np.dtype(dtype)} on {device} "
+                             f"(tried {tried})")
+        pair = PAIRS[pair.fallback]
+    return pair
+
+
+def tile_choices(name, kind, d, dtype, candidates, deterministic=False):
+    """The (block_m, block_n) of `candidates` that the pair resolved for (d, dtype) accepts
+    for `kind` ("forward" or "backward"): what the property tests draw from."""
+    pair = resolve(name, d, dtype)
+    return [t for t in candidates if pair.accepts(kind, *t, d, dtype, deterministic)]
+
+
+# --- the registered pairs ------------------------------------------------------------------
+
+def _tiled_backward(*args, deterministic, **kw):
+    """The tiled backward: dQ in its own kernel, no atomics (deterministic either way)."""
+    backward.run_backward(*args, **kw)
+
+
+def _check_tiled_backward(block_m, block_n, d, dtype, deterministic):
+    backward.make_dkdv_kernel(block_m, block_n, d, False, dtype)
+    backward.make_dq_kernel(block_m, block_n, d, False, dtype)
+
+
+def _fa2_backward(*args, deterministic, **kw):
+    """fa2's backward: dQ added by the dK/dV kernel with atomics (5 matmuls' work, not 7),
+    or with deterministic=True by a dQ kernel of its own."""
+    backward_fa2.run_backward(*args, dq_atomic=not deterministic, **kw)
+
+
+def _fa2_backward_tiles(d, dtype, deterministic):
+    return (backward_fa2.default_blocks(d, dtype) if deterministic
+            else backward_fa2.default_blocks_atomic(d, dtype))
+
+
+def _check_fa2_backward(block_m, block_n, d, dtype, deterministic):
+    backward_fa2.make_dkdv_kernel(block_m, block_n, d, False, dtype,
+                                  dq_atomic=not deterministic)
+    if deterministic:
+        backward_fa2.make_dq_kernel(block_m, block_n, d, False, dtype)
+
+
+register(Pair(
+    "rowwise", forward_rowwise.make_forward_kernel, _tiled_backward,
+    forward_rowwise.default_blocks, lambda d, dtype, det: backward.default_blocks(d, dtype),
+    _check_tiled_backward,
+    summary="one thread per query row (the readable forward), the tiled backward"))
+register(Pair(
+    "tiled", forward_tiled.make_forward_kernel, _tiled_backward,
+    forward_tiled.default_blocks, lambda d, dtype, det: backward.default_blocks(d, dtype),
+    _check_tiled_backward,
+    summary="thread tiles of S and O in shared memory; dK/dV and dQ kernels"))
+register(Pair(
+    "fa2", forward_fa2.make_forward_kernel, _fa2_backward,
+    forward_fa2.default_blocks, _fa2_backward_tiles, _check_fa2_backward, atomic_dq=True,
+    summary="FlashAttention-2's work split; float32 backward products on mma.sync (3xTF32)"))
+register(Pair(
+    "wgmma", forward_wgmma.make_forward_kernel, backward_wgmma.run_backward,
+    lambda d, dtype: forward_wgmma.tiles(d),
+    lambda d, dtype, det: backward_wgmma.tiles(d),
+    backward_wgmma.check_tiles, can_run=lambda d, dtype, device: (
+        np.dtype(dtype) == np.float32 and 1 <= d <= 128 and device in ("sm_90", "simulator")),
+    fallback="fa2", fixed_tiles=True, atomic_dq=True,
+    summary="Hopper warpgroup products (wgmma), 3xTF32: float32, d <= 128, sm_90"))
