@@ -5,10 +5,9 @@ Grid (FlashAttention's benchmark): batch * seqlen = 16k, hidden 2048 (H = 2048 /
 (S and P materialized, cuBLAS products) and torch scaled_dot_product_attention with the math
 and efficient backends, when importable. FLOPs: forward 4 * B * H * (visible pairs) * d,
 forward+backward 3.5x that. Times are medians over repeats, each bracketed by device syncs.
-Ours: every registered forward ("numba-flash NAME"; the default also forward+backward with the
-default backward) and every other registered backward after the forward it follows
-("numba-flash FORWARD, backward NAME"). `--d`, `--n` and `--impl` (fnmatch patterns on those
-names) pick a part of the grid and of the implementations.
+Ours: every registered kernel pair, forward and forward+backward ("numba-flash NAME"), and
+"numba-flash auto", what the API runs by default. `--d`, `--n` and `--impl` (fnmatch
+patterns on those names) pick a part of the grid and of the implementations.
 """
 
 import datetime
@@ -24,7 +23,7 @@ import reference as ref
 
 from . import arrays
 from .api import flash_attention_backward, flash_attention_forward
-from .kernels import BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD, forward_for
+from .registry import PAIRS
 
 QUICK_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024) for c in (False, True)]
 FULL_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024, 2048, 4096, 8192, 16384)
@@ -59,13 +58,13 @@ def _median_ms(fn, min_seconds=0.3, max_reps=100, warmup_seconds=0.1):
     return float(np.median(times))
 
 
-def _numba_flash(kernel, backward=DEFAULT_BACKWARD):
+def _numba_flash(kernel):
     def fwd(q, k, v, causal):
         return flash_attention_forward(q, k, v, causal=causal, kernel=kernel)
 
     def fwd_bwd(q, k, v, causal, dout):
         out, lse = flash_attention_forward(q, k, v, causal=causal, kernel=kernel)
-        return flash_attention_backward(dout, q, k, v, out, lse, causal=causal, kernel=backward)
+        return flash_attention_backward(dout, q, k, v, out, lse, causal=causal, kernel=kernel)
     return fwd, fwd_bwd
 
 
@@ -104,13 +103,9 @@ def _torch_sdpa(backend_name):
 def implementations():
     """name -> (forward fn or None, forward+backward fn or None, memory probe kind)."""
     impls = {}
-    for name in sorted(FORWARD):          # every registered forward variant; fwd+bwd with the
-        fwd, fwd_bwd = _numba_flash(name)  # default one (the backward is shared)
-        impls[f"numba-flash {name}"] = (fwd, fwd_bwd if name == DEFAULT_FORWARD else None, "device")
-    for name in sorted(set(BACKWARD) - {DEFAULT_BACKWARD}):   # other backward variants: fwd+bwd
-        forward = forward_for(name)                              # with the forward they follow
-        impls[f"numba-flash {forward}, backward {name}"] = (     # (the default if none)
-            None, _numba_flash(forward, name)[1], "device")
+    for name in ("auto", *sorted(PAIRS)):       # every registered pair, and the default
+        fwd, fwd_bwd = _numba_flash(name)
+        impls[f"numba-flash {name}"] = (fwd, fwd_bwd, "device")
     try:
         import cupy  # noqa: F401
         impls["cupy standard"] = (_cupy_standard, None, "cupy")
@@ -225,7 +220,7 @@ def run_long(n=131072, b=1, h=16, d=128):
     """Forward + backward at long context, where the N x N matrices alone would need
     B*H*N^2*4 bytes (about 1.1 TB at N = 131072): one timed call, and its peak memory."""
     q, k, v, dout = _inputs(b, h, n, d)
-    fwd, fwd_bwd = _numba_flash(DEFAULT_FORWARD)
+    fwd, fwd_bwd = _numba_flash("auto")
     small = _inputs(b, h, 1024, d)
     fwd_bwd(small[0], small[1], small[2], False, small[3])                      # compile
     with arrays.AllocationMeter() as meter:
@@ -236,7 +231,7 @@ def run_long(n=131072, b=1, h=16, d=128):
     flops = ref.forward_flops(n, n, d, False, b * h) * 3.5
     finite = all(bool(np.isfinite(np.asarray(g.cpu() if hasattr(g, "cpu") else g.copy_to_host())).all())
                  for g in (dq, dk, dv))
-    return dict(impl=f"numba-flash {DEFAULT_FORWARD}", mode="fwd+bwd", d=d, N=n, B=b, H=h,
+    return dict(impl="numba-flash auto", mode="fwd+bwd", d=d, N=n, B=b, H=h,
                 causal=False, dtype="float32", flops=flops, ms=seconds * 1e3, tflops=flops / seconds / 1e12,
                 peak_bytes=int(meter.bytes), nxn_bytes=b * h * n * n * 4, finite=finite)
 

@@ -12,10 +12,9 @@ def main(argv=None):
     sub = parser.add_subparsers(dest="command", required=True)
     p_verify = sub.add_parser("verify", help="every registered kernel against the reference")
     p_verify.add_argument("--quiet", action="store_true", help="print failing rows only")
-    p_verify.add_argument("--forward", nargs="*", default=None, metavar="KERNEL",
-                          help="forward kernels to check (default all; none: no forward rows)")
-    p_verify.add_argument("--backward", nargs="*", default=None, metavar="KERNEL",
-                          help="backward kernels to check (default all; none: no backward rows)")
+    p_verify.add_argument("--kernel", action="append", dest="kernels", metavar="NAME",
+                          help="a registered kernel pair to check, forward and backward "
+                               "(repeat for more; default every registered pair)")
     p_bench = sub.add_parser("bench", help="TFLOP/s and peak memory beside the peers")
     p_bench.add_argument("--json", default="bench.json", help="file for every figure")
     p_bench.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
@@ -35,7 +34,7 @@ def main(argv=None):
                       help="forward kernels to tune (tiled, fa2)")
     tune.add_argument("--backward", nargs="*", default=["tiled", "fa2", "fa2-atomic"],
                       metavar="KERNEL",
-                      help="backward kernels to tune (tiled, fa2, fa2-atomic, fa2-ffma; none: forward only)")
+                      help="backward kernels to tune (tiled, fa2, fa2-atomic; none: forward only)")
     tune.add_argument("--n", type=int, default=2048, help="sequence length (default 2048)")
     p_fuzz = sub.add_parser("fuzz", help="run the properties as a campaign; save failures")
     p_fuzz.add_argument("--profile", choices=("ci", "dev", "gpu", "nightly"), default=None,
@@ -54,8 +53,7 @@ def main(argv=None):
 
     if args.command == "verify":
         from . import verify
-        return verify.main(numba_flash.SIMULATOR, quiet=args.quiet, forward=args.forward,
-                           backward=args.backward)
+        return verify.main(numba_flash.SIMULATOR, quiet=args.quiet, kernels=args.kernels)
     if args.command == "bench":
         if numba_flash.SIMULATOR:
             print("numba-flash bench needs a CUDA GPU; none was found", file=sys.stderr)
@@ -95,11 +93,11 @@ def fuzz(args):
         print(f"unknown properties {sorted(unknown)}; choose from {sorted(PROPERTIES)}",
               file=sys.stderr)
         return 2
-    from .kernels import BACKWARD, FORWARD
-    unknown = set(args.kernels or ()) - set(FORWARD) - set(BACKWARD)
+    from .registry import PAIRS
+    unknown = set(args.kernels or ()) - set(PAIRS)
     if unknown:
-        print(f"unknown kernels {sorted(unknown)}; forward {sorted(FORWARD)}, backward "
-              f"{sorted(BACKWARD)}", file=sys.stderr)
+        print(f"unknown kernels {sorted(unknown)}; registered: {sorted(PAIRS)}",
+              file=sys.stderr)
         return 2
     if not campaign.pairs(args.properties, args.kernels):
         print("no (property, kernel) pair matches; nothing to run", file=sys.stderr)
@@ -129,7 +127,7 @@ def info():
     import numba
     import numpy as np
     from numba import cuda
-    from .kernels import BACKWARD, FORWARD
+    from . import registry
     print(f"numba-flash: numpy {np.__version__}, numba {numba.__version__}")
     if numba_flash.SIMULATOR:
         print("device: Numba CUDA simulator (no GPU found)")
@@ -137,7 +135,12 @@ def info():
         dev = cuda.get_current_device()
         print(f"device: {dev.name.decode() if isinstance(dev.name, bytes) else dev.name}, "
               f"compute capability {dev.compute_capability}")
-    print(f"forward kernels: {sorted(FORWARD)}; backward kernels: {sorted(BACKWARD)}")
+    device = registry.current_device()
+    for name, pair in registry.PAIRS.items():
+        print(f"kernel {name}: {pair.summary}")
+    for dtype in ("float32", "float64"):
+        print(f"kernel='auto' in {dtype}: " + ", ".join(
+            f"d={d} {registry.resolve('auto', d, dtype, device).name}" for d in (64, 128, 256)))
     return 0
 
 

@@ -13,11 +13,16 @@ import reference as ref
 
 from . import arrays
 from .bench import _median_ms
-from .kernels import BACKWARD, forward_fa2, forward_tiled
+import functools
+
+from .kernels import backward, backward_fa2, forward_fa2, forward_tiled
 from .kernels.support import ceil_div
 from .testing import Case, check_backward, check_forward
 
 FORWARD_MODULES = {"tiled": forward_tiled, "fa2": forward_fa2}
+# the backward kernels tune times: the tiled one, fa2 with a dQ kernel, fa2 with dQ by atomics
+BACKWARD_RUNS = {"tiled": backward.run_backward, "fa2": backward_fa2.run_backward,
+                 "fa2-atomic": functools.partial(backward_fa2.run_backward, dq_atomic=True)}
 # fa2 configurations carry a fourth entry, prefetch (None: the kernel's rule), and a fifth,
 # vector_loads (16-byte global loads and O stores; None: forward_fa2.vector_loads_by_default)
 FORWARD_CONFIGS = {("fa2", 64): [(64, 64, (8, 16), False, False), (64, 64, (8, 16), True, False),
@@ -62,9 +67,6 @@ BACKWARD_CONFIGS = {
                           (64, 32, (16, 16), True, True), (64, 64, (16, 16), None, False, True),
                           (64, 64, (16, 16), None, True, True),
                           (32, 64, (8, 16), None, True, True)],
-    ("fa2-ffma", 64): [(64, 128, (16, 16)), (64, 64, (16, 16)),
-                       (64, 128, (16, 16), None, False)],
-    ("fa2-ffma", 128): [(64, 64, (16, 16)), (32, 64, (8, 16)), (64, 64, (16, 16), None, False)],
 }
 
 
@@ -86,7 +88,7 @@ def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False, kernel="tiled")
     dq = arrays.empty_device(q.shape, q.dtype)
     dk = arrays.empty_device(k.shape, k.dtype)
     dv = arrays.empty_device(v.shape, v.dtype)
-    BACKWARD[kernel].run(dout, q, k, v, lse, out, dq, dk, dv,
+    BACKWARD_RUNS[kernel](dout, q, k, v, lse, out, dq, dk, dv,
                          scale=1 / np.sqrt(q.shape[2]), heads=1, group=1,
                          causal=causal, block_m=bm, block_n=bn, threads=threads, **extra)
     return dq, dk, dv

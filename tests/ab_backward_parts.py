@@ -28,7 +28,7 @@ from numba_flash import flash_attention_backward, flash_attention_forward
 from numba_flash.bench import _median_ms
 from numba_flash.kernels import backward_wgmma, backward_wgmma_wide, forward_wgmma
 from numba_flash.kernels.backward import run_preprocess
-from numba_flash.kernels.common import ceil_div
+from numba_flash.kernels.support import ceil_div
 
 
 def event_ms(fn, reps=10):

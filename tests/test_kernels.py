@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from numba_flash import flash_attention_backward, flash_attention_forward
-from numba_flash.kernels import BACKWARD, FORWARD
+from numba_flash.registry import PAIRS
 from numba_flash.testing import (SIMULATOR_CASES, Case, assert_within_tolerance,
                                  check_backward, check_forward)
 
@@ -24,23 +24,28 @@ def run_case(case, dtype, forward, backward=None, **blocks):
 
 
 @pytest.mark.parametrize("case", SIMULATOR_CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("forward", sorted(FORWARD))
-def test_forward_float32(case, forward):
-    run_case(case, np.float32, forward)
+@pytest.mark.parametrize("kernel", sorted(PAIRS))
+def test_pair_float32(case, kernel):
+    run_case(case, np.float32, kernel, kernel)
 
 
-@pytest.mark.parametrize("case", SIMULATOR_CASES, ids=lambda c: c.name)
-@pytest.mark.parametrize("backward", sorted(BACKWARD))
-def test_backward_float32(case, backward):
-    run_case(case, np.float32, "tiled", backward)
+@pytest.mark.parametrize("case", SIMULATOR_CASES[:3], ids=lambda c: c.name)
+@pytest.mark.parametrize("kernel", sorted(PAIRS))
+def test_deterministic_backward_float32(case, kernel):
+    q, k, v, dout = case.inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel=kernel)
+    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
+                                     kernel=kernel, deterministic=True)
+    assert_within_tolerance(check_backward(dout, q, k, v, *grads, causal=case.causal),
+                            f"deterministic backward {kernel} {case}")
 
 
 @pytest.mark.parametrize("case", [c for c in SIMULATOR_CASES
                                   if c.name in ("GQA", "logits x1e3", "fully masked rows")],
                          ids=lambda c: c.name)
 def test_float64(case):
-    for forward in sorted(FORWARD):
-        run_case(case, np.float64, forward, "tiled")
+    for kernel in sorted(PAIRS):
+        run_case(case, np.float64, kernel, kernel)
 
 
 def test_float64_kernels_match_finite_differences():
@@ -63,8 +68,8 @@ def test_float64_kernels_match_finite_differences():
 
 def test_fully_masked_rows_give_zero_and_neg_inf():
     q, k, v, dout = Case("masked", 1, 1, 1, 12, 4, 5, causal=True).inputs(np.float32)
-    for forward in sorted(FORWARD):
-        out, lse = flash_attention_forward(q, k, v, causal=True, kernel=forward)
+    for kernel in sorted(PAIRS):
+        out, lse = flash_attention_forward(q, k, v, causal=True, kernel=kernel)
         assert np.all(out[..., :8, :] == 0) and np.all(np.isneginf(lse[..., :8]))
         assert np.isfinite(lse[..., 8:]).all()
     grads = flash_attention_backward(dout, q, k, v, out, lse, causal=True)

@@ -8,7 +8,7 @@ from numba import cuda, float32
 
 import reference as ref
 from numba_flash.kernels import wgmma
-from numba_flash.kernels.common import SIMULATOR
+from numba_flash.kernels.support import SIMULATOR
 from numba_flash.kernels.fa2_tiles import ALIGN
 from numba_flash.kernels.mma import split_tf32
 

@@ -10,9 +10,9 @@ import time
 import numpy as np
 from hypothesis import assume, given, settings, target
 
-from ..kernels import BACKWARD, FORWARD
+from ..registry import PAIRS
 from .properties import PROPERTIES
-from .strategies import Problem, problems, tiles_for
+from .strategies import Problem, problems
 
 
 def pairs(properties=None, kernels=None):
@@ -20,31 +20,30 @@ def pairs(properties=None, kernels=None):
     registered kernel it applies to (of `kernels`, default all)."""
     out = []
     for name in properties or PROPERTIES:
-        _, kind, prop_tiles = PROPERTIES[name]
-        out += [(name, k) for k in sorted(FORWARD if kind == "forward" else BACKWARD)
-                if (kernels is None or k in kernels) and applies(name, prop_tiles, k)]
+        out += [(name, k) for k in sorted(PAIRS)
+                if (kernels is None or k in kernels) and applies(name, k)]
     return out
 
 
-def applies(prop, prop_tiles, kernel):
-    """False for tile invariance on a kernel with no list of tiles to draw (strategies.TILES:
-    a kernel of one tile shape, like wgmma, whose other tiles are another kernel's fallback),
-    where every example would be rejected (Hypothesis: Unsatisfiable)."""
-    return prop != "tile invariance" or tiles_for(prop_tiles, kernel) is not None
+def applies(prop, kernel):
+    """False for tile invariance on a pair of one tile shape (Pair.fixed_tiles, like wgmma),
+    where there is no other tile to compare with."""
+    return prop != "tile invariance" or not PAIRS[kernel].fixed_tiles
 
 
 def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="auto",
            should_stop=None, **settings_kw):
     """Run Hypothesis on one property for one kernel. Failing examples raise AssertionError
     (with the comparison report) unless raise_on_failure is False; every outcome is passed to
-    on_outcome. tiles: which strategies.TILES list to draw from ("auto": by kernel name).
+    on_outcome. tiles: draw tile sizes for "forward" or "backward" from what the kernel
+    accepts (registry.tile_choices), or None for its defaults ("auto": as the property says).
     should_stop() -> True makes the remaining examples return without running (a deadline).
     settings_kw override the loaded profile (e.g. max_examples)."""
     func, kind, prop_tiles = PROPERTIES[prop]
     if tiles == "auto":
-        tiles = tiles_for(prop_tiles, kernel)
+        tiles = prop_tiles
 
-    @given(problems(size=size, tiles=tiles))
+    @given(problems(size=size, tiles=(kernel, tiles) if tiles else None))
     def run(p):
         if should_stop is not None and should_stop():
             return                      # past the deadline: Problems are drawn lazily, cheap

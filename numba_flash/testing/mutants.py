@@ -1,96 +1,138 @@
 """Deliberately broken kernels, made by editing one line of a real kernel's source.
 
-Each mutant names the kernel module, the exact line fragment it changes and what it becomes;
-`registered(name)` compiles the edited module and registers the result as a kernel variant
-for the duration of a `with` block. The property suite must catch every mutant
+Each mutant names the kernel module, the exact line fragment it changes and what it becomes,
+and the registered pair it is a mutant of; `registered(name)` compiles the edited module (and
+`via`, the module that imports from it and gives the pair's part, against the edited one) and
+registers a copy of the pair with that part replaced, for the duration of a `with` block. The property suite must catch every mutant
 (tests/test_mutants.py), which is the evidence that it has teeth. A mutant whose fragment no
 longer occurs in the source fails loudly, so a refactor cannot silently disarm it.
 """
 
 import contextlib
-import functools
 import importlib
 import inspect
 import types
 from dataclasses import dataclass
 
-from .. import kernels
+from .. import kernels, registry
+
+SIM = "simulator"
 
 
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    kind: str          # "forward" or "backward"
+    kind: str          # "forward" or "backward": the half of the pair it breaks
     module: str        # module in numba_flash.kernels
     original: str      # fragment of one line, must occur exactly once
     mutated: str
     prop: str          # the property expected to catch it
-    options: tuple = ()  # (name, value) keyword arguments for a backward's run_backward
+    base: str          # the registered pair it is a mutant of
+    via: str = None    # the module giving the pair's part, if not `module` (it imports `module`)
+    size: str = SIM    # strategies.SIZES: "simulator-wide" for the d > 64 kernels
 
 
+_R = "forward agrees"
+_B = "backward agrees"
 MUTANTS = {m.name: m for m in (
     Mutant("l not rescaled when m grows", "forward", "forward_rowwise",
-           "l *= alpha", "l *= T(1.0)", "forward agrees"),
+           "l *= alpha", "l *= T(1.0)", _R, "rowwise"),
     Mutant("O not rescaled when m grows", "forward", "forward_rowwise",
-           "o_i[c] *= alpha", "o_i[c] *= T(1.0)", "forward agrees"),
+           "o_i[c] *= alpha", "o_i[c] *= T(1.0)", _R, "rowwise"),
     Mutant("l not rescaled (tiled)", "forward", "forward_tiled",
-           "l_row[r] = alpha_row[r] * l_row[r] + l_sum", "l_row[r] = l_row[r] + l_sum",
-           "forward agrees"),
+           "l_row[r] = alpha_row[r] * l_row[r] + l_sum", "l_row[r] = l_row[r] + l_sum", _R,
+           "tiled"),
     Mutant("causal offset off by one", "forward", "forward_tiled",
-           "j + nq > m0 + r + nk", "j + nq >= m0 + r + nk", "forward agrees"),
+           "j + nq > m0 + r + nk", "j + nq >= m0 + r + nk", _R, "tiled"),
     Mutant("last partial tile dropped", "forward", "forward_tiled",
-           "while n0 < n_end:", "while n0 + uBN <= n_end:", "forward agrees"),
+           "while n0 < n_end:", "while n0 + uBN <= n_end:", _R, "tiled"),
     Mutant("l not rescaled (fa2)", "forward", "forward_fa2",
-           "l[a] = alpha * l[a] + row_sum", "l[a] = l[a] + row_sum", "forward agrees"),
+           "l[a] = alpha * l[a] + row_sum", "l[a] = l[a] + row_sum", _R, "fa2"),
     Mutant("row max from this thread's columns only (fa2)", "forward", "forward_fa2",
-           "m_new = max(m_new, sm[uR + r * uRR + U(t)])", "m_new = max(m_new, sm[uR + r * uRR + tx])",
-           "forward agrees"),
+           "m_new = max(m_new, sm[uR + r * uRR + U(t)])",
+           "m_new = max(m_new, sm[uR + r * uRR + tx])", _R, "fa2"),
     Mutant("max not guarded on fully masked rows", "forward", "forward_rowwise",
-           "if m_new != T(NEG_INF):", "if True:", "forward agrees"),
+           "if m_new != T(NEG_INF):", "if True:", _R, "rowwise"),
     Mutant("D left out of dS", "backward", "backward",
-           "p * (dp[a, b] - D_t[r])", "p * dp[a, b]", "backward agrees"),
+           "p * (dp[a, b] - D_t[r])", "p * dp[a, b]", _B, "tiled"),
     Mutant("D left out of dS^T (fa2)", "backward", "backward_fa2",
-           "ds = p * (dp[a, b] - sm[uDv + il])", "ds = p * dp[a, b]", "backward agrees"),
-    Mutant("dQ added without scale (fa2-atomic)", "backward", "backward_fa2",
-           "dq_acc[a, e * CHUNK + cc] * scale)", "dq_acc[a, e * CHUNK + cc])",
-           "backward agrees", (("dq_atomic", True),)),
+           "ds = p * (dp[a, b] - sm[uDv + il])", "ds = p * dp[a, b]", _B, "fa2"),
+    Mutant("dQ added without scale (fa2)", "backward", "backward_fa2",
+           "dq_acc[a, e * CHUNK + cc] * scale)", "dq_acc[a, e * CHUNK + cc])", _B, "fa2"),
     Mutant("P recomputed without lse", "backward", "backward",
-           "p = math.exp(s[a, b] - lse_i)", "p = math.exp(s[a, b])", "backward agrees"),
+           "p = math.exp(s[a, b] - lse_i)", "p = math.exp(s[a, b])", _B, "tiled"),
+    # the Hopper family (sm90): its online softmax, the lean forward's O, the backward's dS,
+    # the permuted contraction in one direction only, a dQ pair's columns
+    Mutant("l not rescaled (wgmma)", "forward", "sm90.softmax",
+           "l[h] *= alpha[h]", "l[h] *= float32(1.0)", _R, "wgmma", via="sm90.forward"),
+    Mutant("O not rescaled (wgmma)", "forward", "sm90.forward",
+           "o_acc[j] *= alpha[(j % 4) // 2]", "o_acc[j] *= float32(1.0)", _R, "wgmma"),
+    Mutant("D left out of dS (wgmma)", "backward", "sm90.backward",
+           "dp_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))", "dp_acc[j] = p * dp_acc[j]",
+           _B, "wgmma"),
+    Mutant("dQ pair added to swapped columns (wgmma)", "backward", "sm90.backward",
+           "x0, x1 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale",
+           "x1, x0 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale", _B, "wgmma"),
+    Mutant("K unpermuted in the backward only (wgmma, d > 64)", "backward", "sm90.backward",
+           "stage = make_stage(False, per_warpgroup=True, chain_permuted=True)",
+           "stage = make_stage(False, per_warpgroup=True, chain_permuted=False)", _B, "wgmma",
+           size="simulator-wide"),
 )}
 
 
+def _load(name, source, file, package, label):
+    mod = types.ModuleType(f"{name}_mutant")
+    mod.__package__ = package
+    mod.__file__ = file
+    exec(compile(source, label, "exec"), mod.__dict__)
+    return mod
+
+
 def build(mutant):
-    """The kernel module with the mutant's edit applied, as a fresh module object."""
+    """The kernel module with the mutant's edit applied, as a fresh module object; with
+    `via`, a fresh copy of that module whose names from the edited one are the mutant's."""
     module = importlib.import_module(f"{kernels.__name__}.{mutant.module}")
     source = inspect.getsource(module)
     count = source.count(mutant.original)
     if count != 1:
         raise RuntimeError(f"mutant {mutant.name!r}: {mutant.original!r} occurs {count} times "
                            f"in {module.__name__}; update the mutant")
-    mod = types.ModuleType(f"{module.__name__}_mutant")
-    mod.__package__ = kernels.__name__
-    mod.__file__ = module.__file__
-    code = compile(source.replace(mutant.original, mutant.mutated),
-                   f"<mutant {mutant.name}: {module.__name__}>", "exec")
-    exec(code, mod.__dict__)
-    return mod
+    label = f"<mutant {mutant.name}: {module.__name__}>"
+    mod = _load(module.__name__, source.replace(mutant.original, mutant.mutated),
+                module.__file__, module.__package__, label)
+    if mutant.via is None:
+        return mod
+    via = importlib.import_module(f"{kernels.__name__}.{mutant.via}")
+    fresh = _load(via.__name__, inspect.getsource(via), via.__file__, via.__package__, label)
+    for name, value in vars(fresh).items():       # what it took from the edited module
+        if getattr(module, name, None) is value and hasattr(mod, name):
+            setattr(fresh, name, getattr(mod, name))
+    return fresh
+
+
+def _part(mutant, mod):
+    """The pair field the mutant replaces, from the edited module."""
+    if mutant.kind == "forward":
+        return dict(make_forward=mod.make_forward_kernel)
+    if mutant.base == "wgmma":
+        return dict(run_backward=mod.run_backward)
+    if mutant.base == "fa2":
+        def run(*args, deterministic, **kw):
+            mod.run_backward(*args, dq_atomic=not deterministic, **kw)
+    else:
+        def run(*args, deterministic, **kw):
+            mod.run_backward(*args, **kw)
+    return dict(run_backward=run)
 
 
 @contextlib.contextmanager
 def registered(name):
-    """Register mutant `name` as a kernel variant; yields the variant's name."""
+    """Register mutant `name` as a kernel pair (its base pair with the broken part); yields
+    the pair's name."""
     mutant = MUTANTS[name]
-    mod = build(mutant)
-    variant = f"mutant: {name}"
-    if mutant.kind == "forward":
-        kernels.register_forward(variant, mod.make_forward_kernel, mod.default_blocks)
-        table = kernels.FORWARD
-    else:
-        kernels.register_backward(variant, functools.partial(mod.run_backward,
-                                                             **dict(mutant.options)),
-                                  mod.default_blocks)
-        table = kernels.BACKWARD
+    pair = registry.register(registry.variant(f"mutant: {name}", mutant.base,
+                                              **_part(mutant, build(mutant))))
     try:
-        yield variant
+        yield pair.name
     finally:
-        table.pop(variant, None)
+        registry.unregister(pair.name)

@@ -12,7 +12,6 @@ import numpy as np
 import reference as ref
 
 from ..api import flash_attention_backward, flash_attention_forward
-from ..kernels import DEFAULT_FORWARD, forward_for
 from .tolerance import (GRADIENT_MULTIPLE, Comparison, check_backward,
                         check_forward, compare, expand_kv, reference_p_dp,
                         truth_dtype)
@@ -61,7 +60,7 @@ def forward_agrees(kernel, p):
 def backward_agrees(kernel, p):
     """dq, dk, dv within tolerance of truth (3x NumPy's same-precision error)."""
     q, k, v, dout = p.inputs()
-    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=forward_for(kernel))
+    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=kernel)
     grads = flash_attention_backward(dout, q, k, v, out, lse, causal=p.causal, kernel=kernel,
                                      block_m=p.block_m, block_n=p.block_n)
     return Outcome("backward agrees", kernel, p, check_backward(dout, q, k, v, *grads, causal=p.causal))
@@ -143,7 +142,7 @@ def ds_rows_sum_to_zero(kernel, p):
     which the tolerance helper's term-relative floor allows for)."""
     q, k, v, dout = p.inputs()
     k = np.broadcast_to(k[..., :1, :], k.shape).copy()
-    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=forward_for(kernel))
+    out, lse = flash_attention_forward(q, k, v, causal=p.causal, kernel=kernel)
     dq, dk, dv = flash_attention_backward(dout, q, k, v, out, lse, causal=p.causal, kernel=kernel,
                                           block_m=p.block_m, block_n=p.block_n)
     return Outcome("dS rows sum to zero", kernel, p,
@@ -156,7 +155,7 @@ def d_is_rowsum_of_p_dp(kernel, p):
 
     from ..kernels import backward
     q, k, v, dout = p.inputs()
-    out, _ = flash_attention_forward(q, k, v, causal=p.causal, kernel=DEFAULT_FORWARD)
+    out, _ = flash_attention_forward(q, k, v, causal=p.causal, kernel="auto")
     bh = p.B * p.H
     d_D = cuda.device_array((bh, p.Nq), dtype=q.dtype)
     d_dout = cuda.to_device(dout.reshape(bh, p.Nq, p.d))
@@ -177,7 +176,8 @@ def d_is_rowsum_of_p_dp(kernel, p):
                             extra=o_err)])
 
 
-# name -> (function, which registry it checks, which tiles to draw)
+# name -> (function, which half of a pair it checks, which half's tiles to draw (None: the
+# defaults))
 PROPERTIES = {
     "forward agrees": (forward_agrees, "forward", "forward"),
     "tile invariance": (tile_invariance, "forward", "forward"),

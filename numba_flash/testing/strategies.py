@@ -16,38 +16,30 @@ from hypothesis import strategies as st
 SIZES = {
     "simulator": dict(max_n=40, max_d=16, max_batch=2, max_heads=2),
     "gpu": dict(max_n=1100, max_d=256, max_batch=2, max_heads=4),
+    # the Hopper family's two-warpgroup kernels (64 < d <= 128) on the simulator
+    "simulator-wide": dict(min_d=65, max_n=24, max_d=80, max_batch=1, max_heads=1),
 }
 
 REGIMES = ("ordinary", "huge", "dominant key", "all equal", "row offsets", "near-cancelling",
            "fully masked rows")
 
-# (block_m, block_n) candidates per kernel; those a kernel rejects for the drawn d and dtype are
-# filtered out, and each list holds one that fits every d <= 256 in float64 (tests/test_strategies)
-TILES = {
-    "rowwise": ((64, 4), (64, 8), (32, 16), (64, 32), (16, 64)),
-    "forward": ((8, 8), (8, 16), (16, 16), (16, 32), (32, 32), (32, 64), (64, 32), (64, 16)),
-    "fa2": ((16, 16), (32, 16), (16, 32), (32, 32), (64, 32), (32, 64), (8, 8)),
-    "fa2-backward": ((8, 8), (16, 16), (32, 16), (16, 32), (32, 32)),
-    "backward": ((4, 4), (8, 8), (8, 16), (16, 16), (16, 32), (32, 32)),
-}
-# same kernels, plus fa2-atomic's default at d <= 64 (valid_tiles checks its memory)
-TILES["fa2-atomic-backward"] = TILES["fa2-backward"] + ((64, 128),)
+# (block_m, block_n) candidates: a property draws from those the kernel pair under test accepts
+# for the drawn d and dtype (registry.tile_choices, asking the pair's own factories), so a
+# user's variant gets the tiles it takes; small ones first, the simulator being slow
+TILE_CANDIDATES = ((4, 4), (8, 8), (8, 16), (16, 8), (16, 16), (16, 32), (32, 16), (32, 32),
+                   (64, 4), (64, 8), (64, 16), (16, 64), (64, 32), (32, 64))
 
 
-def tiles_for(kind, kernel):
-    """Which TILES list to draw from for a property of `kind` ("forward", "backward" or None)
-    checked on `kernel`; None (kernel defaults) for variants this module does not know.
-    A mutant draws the tiles of the kernel it was made from."""
-    if kernel.startswith("mutant: "):
-        from .mutants import MUTANTS
-        module = MUTANTS[kernel[len("mutant: "):]].module
-        kernel = {"forward_rowwise": "rowwise", "forward_fa2": "fa2",
-                  "backward_fa2": "fa2"}.get(module, "tiled")
-    if kind == "forward" and kernel in ("rowwise", "fa2"):
-        return kernel
-    if kind == "backward" and kernel in ("fa2", "fa2-atomic"):
-        return kernel + "-backward"
-    return kind if kernel == "tiled" else None
+def valid_tiles(kernel, kind, d, dtype):
+    """The TILE_CANDIDATES that registered pair `kernel` accepts for `kind` ("forward" or
+    "backward") at head dim d and dtype (its default tiles if it accepts none of them)."""
+    from .. import registry
+    found = registry.tile_choices(kernel, kind, d, dtype, TILE_CANDIDATES)
+    if found:
+        return found
+    pair = registry.resolve(kernel, d, dtype)
+    return [pair.forward_tiles(d, np.dtype(dtype)) if kind == "forward"
+            else pair.backward_tiles(d, np.dtype(dtype), False)]
 
 
 @dataclass(frozen=True)
@@ -125,31 +117,6 @@ def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
     return tuple(a.astype(dtype) for a in (q, k, v, dout))
 
 
-def valid_tiles(kind, d, dtype):
-    """Tile candidates of TILES[kind] that the kernel factories accept for (d, dtype)."""
-    from ..kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
-    out = []
-    for bm, bn in TILES[kind]:
-        try:
-            if kind == "rowwise":
-                forward_rowwise.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
-            elif kind == "forward":
-                forward_tiled.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
-            elif kind == "fa2":
-                forward_fa2.make_forward_kernel(bm, bn, d, False, np.dtype(dtype))
-            elif kind == "fa2-backward":
-                backward_fa2.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype))
-                backward_fa2.make_dq_kernel(bm, bn, d, False, np.dtype(dtype))
-            elif kind == "fa2-atomic-backward":
-                backward_fa2.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype), dq_atomic=True)
-            else:
-                backward.make_dkdv_kernel(bm, bn, d, False, np.dtype(dtype))
-            out.append((bm, bn))
-        except ValueError:
-            pass
-    return out
-
-
 def sequence_lengths(max_n):
     """1, sizes just off a tile multiple (15, 17, 31, 33, 63, 65, ...), and anything else."""
     near = sorted({n + o for n in (16, 32, 64, 128, 256, 512, 1024) for o in (-1, 0, 1)
@@ -160,15 +127,17 @@ def sequence_lengths(max_n):
 @st.composite
 def problems(draw, size="simulator", dtypes=("float32", "float64"), regimes=REGIMES,
              tiles=None):
-    """A Problem. tiles: None (kernel defaults) or a key of TILES (draw a tile size that
-    kernel accepts for the drawn d and dtype)."""
+    """A Problem. tiles: None (kernel defaults) or (kernel, kind): draw a tile size that
+    registered pair `kernel` accepts for `kind` ("forward" / "backward") at the drawn d and
+    dtype (valid_tiles)."""
     lim = SIZES[size]
     regime = draw(st.sampled_from(regimes))
     B = draw(st.integers(1, lim["max_batch"]))
     Hk = draw(st.integers(1, max(1, lim["max_heads"] // 2)))
     H = Hk * draw(st.sampled_from([1, 2, 4]))      # GQA ratios 1, 2, 4
-    d = draw(st.one_of(st.integers(1, lim["max_d"]), st.sampled_from(
-        [x for x in (1, 16, 59, 64, 111, 128, 256) if x <= lim["max_d"]])))
+    min_d = lim.get("min_d", 1)
+    d = draw(st.one_of(st.integers(min_d, lim["max_d"]), st.sampled_from(
+        [x for x in (1, 16, 59, 64, 72, 111, 128, 256) if min_d <= x <= lim["max_d"]])))
     nq = draw(sequence_lengths(lim["max_n"]))
     nk = draw(sequence_lengths(lim["max_n"]))
     causal = draw(st.booleans())
@@ -182,5 +151,5 @@ def problems(draw, size="simulator", dtypes=("float32", "float64"), regimes=REGI
     seed = draw(st.integers(0, 2**32 - 1))
     block_m = block_n = None
     if tiles:
-        block_m, block_n = draw(st.sampled_from(valid_tiles(tiles, d, dtype)))
+        block_m, block_n = draw(st.sampled_from(valid_tiles(*tiles, d, dtype)))
     return Problem(B, H, Hk, nq, nk, d, causal, dtype, regime, seed, block_m, block_n)
