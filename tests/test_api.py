@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from numba_flash import cuda_gpu_present, flash_attention_backward, flash_attention_forward
-from numba_flash.kernels import (FORWARD, backward, backward_fa2, forward_fa2, forward_rowwise,
+from numba_flash import registry
+from numba_flash.kernels import (backward, backward_fa2, forward_fa2, forward_rowwise,
                                  forward_tiled)
 from numba_flash.testing import Case, check_backward
 
@@ -98,23 +99,44 @@ def test_default_blocks_fit_every_head_dim():
                 module.make_dq_kernel(bm, bn, d, True, np.dtype(dtype))
             bm, bn = backward_fa2.default_blocks_atomic(d, np.dtype(dtype))
             backward_fa2.make_dkdv_kernel(bm, bn, d, True, np.dtype(dtype), dq_atomic=True)
-            wgmma = FORWARD["wgmma"]                   # wgmma's own tiles or fa2's fallback
-            wgmma.make_kernel(*wgmma.default_blocks(d, np.dtype(dtype)), d, True, np.dtype(dtype))
+            for name in registry.PAIRS:               # what the API asks each pair for
+                pair = registry.resolve(name, d, dtype, "sm_90")
+                pair.make_forward(*pair.forward_tiles(d, np.dtype(dtype)), d, True,
+                                  np.dtype(dtype))
+                for det in (False, True):
+                    assert pair.accepts("backward", *pair.backward_tiles(d, np.dtype(dtype), det),
+                                        d, dtype, det)
 
 
-def test_bench_times_every_registered_forward_and_backward_variant():
+def test_bench_times_every_registered_pair_and_the_default():
     from numba_flash import bench
-    from numba_flash.kernels import (BACKWARD, DEFAULT_BACKWARD, DEFAULT_FORWARD, FORWARD,
-                                     forward_for)
     impls = bench.implementations()
-    for name in FORWARD:
+    for name in ("auto", *registry.PAIRS):
         fwd, fwd_bwd, _ = impls[f"numba-flash {name}"]
-        assert fwd is not None and (fwd_bwd is not None) == (name == DEFAULT_FORWARD)
-    for name in set(BACKWARD) - {DEFAULT_BACKWARD}:     # timed after the forward it follows
-        fwd, fwd_bwd, _ = impls[f"numba-flash {forward_for(name)}, backward {name}"]
-        assert fwd is None and fwd_bwd is not None
-    assert forward_for("wgmma") == "wgmma" and forward_for("fa2") == DEFAULT_FORWARD
-    assert "numba-flash wgmma, backward wgmma" in impls
+        assert fwd is not None and fwd_bwd is not None
+
+
+def test_auto_picks_the_fastest_pair_that_can_run():
+    for device, d, dtype, name in (("sm_90", 64, np.float32, "wgmma"),
+                                   ("sm_90", 128, np.float32, "wgmma"),
+                                   ("sm_90", 129, np.float32, "fa2"),
+                                   ("sm_90", 64, np.float64, "fa2"),
+                                   ("sm_80", 64, np.float32, "fa2"),
+                                   ("simulator", 64, np.float32, "fa2")):
+        assert registry.resolve("auto", d, dtype, device).name == name, (device, d, dtype)
+    with pytest.raises(TypeError, match="kernel must be a registered name"):
+        registry.resolve(["fa2"], 64, np.float32)
+
+
+@pytest.mark.parametrize("flag", ["causal", "deterministic"])
+@pytest.mark.parametrize("value", ["no", 2, None, 1.0])
+def test_flags_must_be_booleans(flag, value):
+    q, k, v = qkv()
+    call = (flash_attention_forward if flag == "causal" else
+            lambda q, k, v, **kw: flash_attention_backward(q, q, k, v, q, q[..., 0], **kw))
+    with pytest.raises(TypeError, match=f"{flag} must be True or False"):
+        call(q, k, v, **{flag: value})
+    call(q, k, v, **{flag: np.bool_(False)})            # NumPy's bool is a bool
 
 
 def test_fa2_backward_compiles_once_per_padded_head_dim():
@@ -125,44 +147,41 @@ def test_fa2_backward_compiles_once_per_padded_head_dim():
         assert make(32, 32, 100, True, np.float32)[0] is not make(32, 32, 128, True, np.float32)[0]
 
 
-def test_fa2_atomic_adds_dq_with_atomics_unless_deterministic():
-    # fa2-ffma: fa2-atomic's FFMA products, the same dK and dV sums as fa2's
+def test_fa2_adds_dq_with_atomics_unless_deterministic():
+    # with FFMA products (tensor_cores=False) the atomic path's dK and dV are the dQ-kernel
+    # path's sums exactly; dq is summed in another order
     q, k, v, dout = Case("atomic", 1, 2, 1, 21, 30, 12, causal=True).inputs(np.float32)
-    out, lse = flash_attention_forward(q, k, v, causal=True)
-    run = functools.partial(flash_attention_backward, dout, q, k, v, out, lse, causal=True,
-                            block_m=16, block_n=16)
-    fa2, atomic = run(kernel="fa2"), run(kernel="fa2-ffma")
-    exact = run(kernel="fa2-atomic", deterministic=True)
-    assert all(np.array_equal(a, b) for a, b in zip(exact, fa2))     # the dQ kernel's path
-    assert np.array_equal(atomic[1], fa2[1]) and np.array_equal(atomic[2], fa2[2])  # dk, dv
+    out, lse = flash_attention_forward(q, k, v, causal=True, kernel="fa2")
+
+    def ffma(*args, deterministic, **kw):
+        backward_fa2.run_backward(*args, dq_atomic=not deterministic, tensor_cores=False, **kw)
+    registry.register(registry.variant("fa2 ffma (test)", "fa2", run_backward=ffma))
+    try:
+        run = functools.partial(flash_attention_backward, dout, q, k, v, out, lse, causal=True,
+                                block_m=16, block_n=16)
+        exact, atomic = run(kernel="fa2", deterministic=True), run(kernel="fa2 ffma (test)")
+    finally:
+        registry.unregister("fa2 ffma (test)")
+    assert np.array_equal(atomic[1], exact[1]) and np.array_equal(atomic[2], exact[2])  # dk, dv
     assert all(c.ok for c in check_backward(dout, q, k, v, *atomic, causal=True))
-    assert not np.array_equal(atomic[0], fa2[0])   # dq summed in another order (one launch)
+    assert not np.array_equal(atomic[0], exact[0])   # dq summed in another order (one launch)
     # the default in float32 puts the accumulating products on tensor cores: other sums
-    tensor_cores = run(kernel="fa2-atomic")
+    tensor_cores = run(kernel="fa2")
     assert all(c.ok for c in check_backward(dout, q, k, v, *tensor_cores, causal=True))
-    assert not np.array_equal(tensor_cores[2], fa2[2])
+    assert not np.array_equal(tensor_cores[2], exact[2])
 
 
-def test_deterministic_runs_the_registered_twin_at_its_own_tiles(monkeypatch):
-    # the default backward (fa2-atomic) with deterministic=True is the fa2 backward, tiles and all
-    import dataclasses
-    from numba_flash.kernels import BACKWARD, DEFAULT_BACKWARD
-    twin = BACKWARD[DEFAULT_BACKWARD].when_deterministic
-    assert twin and BACKWARD[twin].when_deterministic is None
+def test_deterministic_fa2_runs_its_dq_kernel_at_its_own_tiles(monkeypatch):
     calls = []
-
-    def recording(name):
-        run = BACKWARD[name].run
-        return lambda *a, **kw: calls.append((name, kw["block_m"], kw["block_n"])) or run(*a, **kw)
-
-    for name in (DEFAULT_BACKWARD, twin):
-        monkeypatch.setitem(BACKWARD, name, dataclasses.replace(BACKWARD[name], run=recording(name)))
+    real = backward_fa2.run_backward
+    monkeypatch.setattr(backward_fa2, "run_backward", lambda *a, **kw: calls.append(
+        (kw["dq_atomic"], kw["block_m"], kw["block_n"])) or real(*a, **kw))
     q, k, v, dout = Case("twin", 1, 1, 1, 9, 11, 8).inputs(np.float32)
-    out, lse = flash_attention_forward(q, k, v)
-    exact = flash_attention_backward(dout, q, k, v, out, lse, deterministic=True)
-    fast = flash_attention_backward(dout, q, k, v, out, lse)
-    assert calls == [(twin, *BACKWARD[twin].default_blocks(8, np.float32)),
-                     (DEFAULT_BACKWARD, *BACKWARD[DEFAULT_BACKWARD].default_blocks(8, np.float32))]
+    out, lse = flash_attention_forward(q, k, v, kernel="fa2")
+    exact = flash_attention_backward(dout, q, k, v, out, lse, deterministic=True, kernel="fa2")
+    fast = flash_attention_backward(dout, q, k, v, out, lse, kernel="fa2")
+    assert calls == [(False, *backward_fa2.default_blocks(8, np.float32)),
+                     (True, *backward_fa2.default_blocks_atomic(8, np.float32))]
     assert calls[0][1:] != calls[1][1:]
     assert all(c.ok for g in (exact, fast) for c in check_backward(dout, q, k, v, *g))
 

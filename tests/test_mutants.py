@@ -13,7 +13,7 @@ def test_property_suite_catches_mutant(name):
     with mutants.registered(name) as kernel:
         with pytest.raises(AssertionError, match="FAIL"):
             # no shrinking: finding one failing example is the point, and fast
-            campaign.search(mutant.prop, kernel, "simulator",
+            campaign.search(mutant.prop, kernel, mutant.size,
                             max_examples=40, derandomize=True, phases=[Phase.generate],
                             print_blob=False)
 
@@ -25,8 +25,20 @@ def test_every_mutant_edits_the_current_source():
 
 def test_unmutated_kernels_pass_the_same_search():
     # the control: the same search on the real kernels finds nothing
-    for prop, kernel in (("forward agrees", "rowwise"), ("forward agrees", "tiled"),
-                         ("forward agrees", "fa2"), ("backward agrees", "tiled"),
-                         ("backward agrees", "fa2"), ("backward agrees", "fa2-atomic")):
-        campaign.search(prop, kernel, "simulator", max_examples=4,
+    for prop, kernel, size in (("forward agrees", "rowwise", "simulator"),
+                               ("forward agrees", "tiled", "simulator"),
+                               ("forward agrees", "fa2", "simulator"),
+                               ("forward agrees", "wgmma", "simulator"),
+                               ("backward agrees", "tiled", "simulator"),
+                               ("backward agrees", "fa2", "simulator"),
+                               ("backward agrees", "wgmma", "simulator"),
+                               ("backward agrees", "wgmma", "simulator-wide")):
+        campaign.search(prop, kernel, size, max_examples=2 if size != "simulator" else 4,
                         derandomize=True, phases=[Phase.generate])
+
+
+def test_every_family_has_mutants():
+    bases = {m.base for m in mutants.MUTANTS.values()}
+    assert bases == {"rowwise", "tiled", "fa2", "wgmma"}, bases
+    hopper = {m.kind for m in mutants.MUTANTS.values() if m.base == "wgmma"}
+    assert hopper == {"forward", "backward"}

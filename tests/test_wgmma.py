@@ -1,4 +1,4 @@
-"""kernels/wgmma.py: the core-matrix layout, and a warpgroup's 3xTF32 product through it against
+"""kernels/sm90/wgmma.py: the core-matrix layout, and a warpgroup's 3xTF32 product through it against
 the NumPy model (simulator: the same sums bit for bit) and on a GPU (the tensor core's own
 additions: a few units of roundoff of sum |ab|)."""
 
@@ -7,9 +7,9 @@ import pytest
 from numba import cuda, float32
 
 import reference as ref
-from numba_flash.kernels import wgmma
+from numba_flash.kernels.sm90 import wgmma
 from numba_flash.kernels.support import SIMULATOR
-from numba_flash.kernels.fa2_tiles import ALIGN
+from numba_flash.kernels.support import ALIGN
 from numba_flash.kernels.mma import split_tf32
 
 
