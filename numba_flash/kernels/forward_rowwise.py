@@ -4,6 +4,9 @@ It mirrors reference.flash_forward(outer="q") line by line. Each thread keeps it
 its running max m and sum l, and its (unnormalized) output row in registers; the block walks
 over K/V in tiles of block_n rows staged in shared memory; per tile each thread computes its
 block_n scores, raises m, rescales l and O by exp(m_old - m_new), and adds P V.
+
+The template for a kernel of your own: copy this file anywhere (its imports are absolute),
+change it, and register it (README, "Changing a kernel").
 """
 
 import functools
@@ -13,8 +16,8 @@ import numpy as np
 
 from numba import cuda
 
-from .support import (NEG_INF, check_block, check_head_dim, check_shared_memory, kv_head,
-                     numba_type)
+from numba_flash.kernels.support import (NEG_INF, check_block, check_head_dim,
+                                         check_shared_memory, kv_head, numba_type)
 
 
 def default_blocks(head_dim, dtype):

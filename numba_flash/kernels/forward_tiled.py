@@ -21,8 +21,9 @@ import numpy as np
 
 from numba import cuda
 
-from .support import (NEG_INF, U, ceil_div, check_block, check_head_dim, check_shared_memory,
-                     kv_head, numba_type)
+from numba_flash.kernels.support import (NEG_INF, U, ceil_div, check_block,
+                                         check_head_dim, check_shared_memory, kv_head,
+                                         numba_type)
 
 THREADS_X = 16   # TX: threads along the key / head-dim axis
 THREADS_Y = 8    # TY: threads along the query axis

@@ -60,6 +60,26 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     run()
 
 
+def check_kernel(kernel, examples=10, size=None):
+    """Every check on registered pair `kernel`: `numba-flash verify`'s cases (float32 and
+    float64, forward and backward) and every property that applies to it, `examples` drawn
+    examples each; AssertionError with the report on the first failure. size: a key of
+    strategies.SIZES (default: "simulator" on the simulator, "gpu" on a GPU). Returns the
+    number of verify rows and of properties checked."""
+    from ..kernels.support import SIMULATOR
+    from ..verify import run_checks
+    from .cases import GPU_CASES, SIMULATOR_CASES
+    size = size or ("simulator" if SIMULATOR else "gpu")
+    rows = list(run_checks(SIMULATOR_CASES if size.startswith("simulator") else GPU_CASES,
+                           kernels=[kernel]))
+    failed = [r for r in rows if not r["ok"]]
+    assert rows and not failed, "FAIL\n" + "\n".join(map(str, failed))
+    todo = pairs(kernels=[kernel])
+    for prop, name in todo:
+        search(prop, name, size, max_examples=examples)
+    return len(rows), len(todo)
+
+
 def save_reproducer(outcome, directory):
     """Write the failing example (inputs + parameters + comparisons) to an .npz file."""
     os.makedirs(directory, exist_ok=True)

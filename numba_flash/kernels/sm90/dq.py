@@ -93,10 +93,13 @@ def make_lean_dq_kernel(causal):
             s_steps(sm, s_acc, q_at, 4)
             s_steps(sm, s_acc, q_at, 6)
             clear(dp_acc)                           # dP = dO V^T, two steps per wait
+            # dO's rows re-read from L1 / L2 per K/V block: without opaque_zero LLVM hoists
+            # the loads out of the loop and ptxas spills (as in the wide forward)
+            do_row0 = row0 + opaque_zero()
             for s2 in range(STEPS // 2):
                 s = 2 * s2
-                a_b, a_s = fragment(dout, bh, row0, s, float32(1.0), d, warp, lane)
-                a2_b, a2_s = fragment(dout, bh, row0, s + 1, float32(1.0), d, warp, lane)
+                a_b, a_s = fragment(dout, bh, do_row0, s, float32(1.0), d, warp, lane)
+                a2_b, a2_s = fragment(dout, bh, do_row0, s + 1, float32(1.0), d, warp, lane)
                 add_in_turn(dp_acc, step2_regs(sm, a_b, a_s, U(V_T), U(V_T + TILE), a2_b, a2_s,
                                                U(V_T + STEP_FLOATS),
                                                U(V_T + TILE + STEP_FLOATS), s,
