@@ -4,13 +4,25 @@ on the tensor core; each 8-long step from zero, added in float32; the correction
 second accumulator) and of plain TF32 against float64 truth, beside NumPy's float32 matmul, and
 mma.sync TF32 throughput. What kernels/fa2_mma.py's design rests on:
 
-    python tests/mma_probe.py
+    python tools/mma_probe.py
 """
+import os
+import sys
 import time
+
+import numba_flash  # first: it decides between the GPU and the simulator
+
+if numba_flash.SIMULATOR:
+    sys.exit("tools/mma_probe.py needs a CUDA GPU (mma.sync TF32); this process runs on "
+             "Numba's CUDA simulator")
+
 import numpy as np
 from numba import cuda, float32
 from numba_flash.kernels.mma import mma_tf32, split_tf32, round_tf32, round_tf32_host
-from test_mma import test_gpu_mma_tf32_fragment_layout
+
+# the fragment-layout check is the gpu test's (tests/test_mma.py)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+from test_mma import test_gpu_mma_tf32_fragment_layout  # noqa: E402
 
 @cuda.jit
 def round_kernel(x, y):

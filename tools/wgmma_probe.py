@@ -1,10 +1,10 @@
 """Hopper wgmma probe, for a GPU (not a pytest module): can a Numba kernel issue
 `wgmma.mma_async.m64nNk8.f32.tf32.tf32` (sm_90a; numba-cuda compiles for sm_90a on a CC 9.0
 device) with both operands in shared memory, which shared-memory layout and descriptor fields
-give the right product, and how fast it runs beside mma.sync (280-309 TFLOP/s, mma_probe.py).
+give the right product, and how fast it runs beside mma.sync (280-309 TFLOP/s, tools/mma_probe.py).
 What a wgmma version of the fa2 kernels would rest on:
 
-    python tests/wgmma_probe.py
+    python tools/wgmma_probe.py
 
 Operands are K-major (the only layout wgmma takes for tf32 from shared memory): A is M x K and
 B is stored as N x K, each as "core matrices" of 8 rows x 16 bytes (8 x 4 tf32), a core
@@ -26,9 +26,16 @@ roundoff of sum |ab| (M = 64, N = 16): each 8-long step from zero and added in f
 (normal) and 3.5-3.9 (all positive) at K = 32 and 64; the steps chained in the accumulator 5.3-8.1
 and 11-19, growing with K; NumPy float32 1.2-2.6. So, as with mma.sync, each step is summed from
 zero and added outside the tensor core. (shared_address and fence_proxy_async were defined here
-for those runs and have since moved, unchanged, to numba_flash/kernels/wgmma.py.)
+for those runs and have since moved, unchanged, to numba_flash/kernels/sm90/wgmma.py.)
 """
+import sys
 import time
+
+import numba_flash  # first: it decides between the GPU and the simulator
+
+if numba_flash.SIMULATOR:
+    sys.exit("tools/wgmma_probe.py needs a CUDA GPU of compute capability 9.0 (wgmma, sm_90a); "
+             "this process runs on Numba's CUDA simulator")
 
 import numpy as np
 from llvmlite import ir
@@ -36,7 +43,7 @@ from numba import cuda, types, uint32, uint64
 from numba.cuda.extending import intrinsic
 
 from numba_flash.kernels.mma import round_tf32_host, split_tf32
-from numba_flash.kernels.wgmma import core_offset, fence_proxy_async, shared_address
+from numba_flash.kernels.sm90.wgmma import core_offset, fence_proxy_async, shared_address
 
 
 def _wgmma_intrinsic(n, chain, a_in_registers=False):

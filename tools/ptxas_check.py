@@ -1,0 +1,198 @@
+"""Compile the registered kernels for sm_90a on a machine without a GPU and print what ptxas
+says of them (registers, stack, spills), then a table:
+
+    pip install "nvidia-cuda-nvrtc>=13,<14"      # numba-cuda's NVRTC; NVVM and ptxas come
+    CUDA_HOME=/usr/local/cuda python tools/ptxas_check.py [WORD ...]   # from a CUDA toolkit
+
+WORD ...: keep only the kernels whose label contains every WORD (e.g. `sm90 wide backward`,
+`fa2`, `causal=True`). The kernels are those the registered pairs launch, taken from the
+launchers the pairs call (so a variant this file does not name is not compiled):
+
+    sm90 (the "wgmma" pair, float32):
+      forward   lean (d <= 64) and wide (64 < d <= 128, vector and scalar loads), causal both;
+      backward  the dK/dV(/dQ) kernel, lean and wide, vector and scalar, dq_out True (dQ by
+                atomics) and False (the deterministic path's), causal both;
+      dq        the deterministic dQ pass, lean and wide (vector and scalar loads), causal both;
+    fa2 (float32, default tiles, d = 64 and 128, not causal):
+      forward, the backward's dK/dV kernel with dq_atomic=True (as run_backward configures it),
+      and the deterministic path's dK/dV and dQ kernels.
+
+A launcher that picks a vector or a scalar kernel by alignment (vector_io.AlignedDispatch)
+gives two labels, "... vector" and "... scalar".
+
+The simulator cannot tell whether a kernel compiles for a GPU (shapes of local arrays must be
+named constants there, not expressions) or whether its arrays stay in registers; this can, in
+seconds a kernel: on 2026-12-01 it showed the first wgmma forward's loops over steps putting
+384 bytes of arrays in local memory (its fix: the steps written out) and its registers as the
+GPU's ptxas reported them (145, 170, 240); later the wide forward's spills (Q's loads hoisted
+out of its K/V loop) before any GPU run.
+
+How: NUMBA_ENABLE_CUDASIM=0 so that the real numba.cuda is imported; device functions compile
+for the current device's compute capability, so that lookup (numba.cuda.dispatcher.
+get_current_device) is answered with 9.0 (there is no device); cuda.compile_ptx of each
+kernel's Python function at the argument types the API launches it with, `.target sm_90`
+made `sm_90a` (wgmma needs the a-target), then `ptxas -arch=sm_90a -v` (with -maxrregcount
+where the kernel's cuda.jit sets max_registers).
+"""
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+
+import numba.cuda.dispatcher as dispatcher  # noqa: E402
+import numpy as np  # noqa: E402
+from numba import cuda, float32, int64, types  # noqa: E402
+
+
+class _Hopper:
+    compute_capability = (9, 0)
+
+
+dispatcher.get_current_device = lambda: _Hopper()
+
+from numba_flash.kernels import backward_fa2, forward_fa2  # noqa: E402
+from numba_flash.kernels.sm90 import backward as sm90_backward  # noqa: E402
+from numba_flash.kernels.sm90 import dq as sm90_dq  # noqa: E402
+from numba_flash.kernels.sm90 import forward as sm90_forward  # noqa: E402
+from numba_flash.kernels.support import DynamicSharedKernel  # noqa: E402
+from numba_flash.kernels.vector_io import AlignedDispatch  # noqa: E402
+
+A3, A2 = types.Array(float32, 3, "C"), types.Array(float32, 2, "C")
+# (q, k, v, out, lse, scale, heads, group)
+FORWARD_ARGS = (A3, A3, A3, A3, A2, float32, int64, int64)
+# (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group)
+DKDV_ARGS = (A3, A3, A3, A3, A2, A2, A3, A3, A3, float32, int64, int64)
+# (q, k, v, dout, lse, D, dq, scale, heads, group)
+DQ_ARGS = (A3, A3, A3, A3, A2, A2, A3, float32, int64, int64)
+F32 = np.dtype(np.float32)
+
+
+def _dispatchers(label, launcher):
+    """(label, numba dispatcher) of each kernel behind a launcher: an AlignedDispatch gives its
+    vector and scalar kernels, a DynamicSharedKernel its kernel."""
+    if isinstance(launcher, AlignedDispatch):
+        yield from _dispatchers(f"{label} vector", launcher.vector)
+        yield from _dispatchers(f"{label} scalar", launcher.scalar)
+    elif isinstance(launcher, DynamicSharedKernel):
+        yield from _dispatchers(label, launcher.kernel)
+    elif hasattr(launcher, "py_func"):
+        yield label, launcher
+    else:
+        raise TypeError(f"{label}: cannot find the kernel in {type(launcher).__name__}")
+
+
+def kernels():
+    """(label, numba dispatcher, argument types) of each kernel to compile."""
+    for causal in (False, True):
+        for d, size in ((64, "lean"), (128, "wide")):
+            bm, bn = sm90_forward.tiles(d)
+            launcher, _ = sm90_forward.make_forward_kernel(bm, bn, d, causal, F32)
+            for label, kernel in _dispatchers(f"sm90 forward {size} causal={causal}",
+                                              launcher):
+                yield label, kernel, FORWARD_ARGS
+        for dq_out in (True, False):
+            for wide, size in ((False, "lean"), (True, "wide")):
+                launcher, _ = sm90_backward.dkdv_launcher(wide, causal, dq_out)
+                for label, kernel in _dispatchers(
+                        f"sm90 backward {size} causal={causal} dq_out={dq_out}", launcher):
+                    yield label, kernel, DKDV_ARGS
+        for wide, size in ((False, "lean"), (True, "wide")):
+            launcher, _, _ = sm90_dq.launcher(wide, causal)
+            for label, kernel in _dispatchers(f"sm90 dq {size} causal={causal}", launcher):
+                yield label, kernel, DQ_ARGS
+    for d in (64, 128):
+        bm, bn = forward_fa2.default_blocks(d, F32)
+        launcher, _ = forward_fa2.make_forward_kernel(bm, bn, d, False, F32)
+        for label, kernel in _dispatchers(f"fa2 forward d={d} {bm}x{bn}", launcher):
+            yield label, kernel, FORWARD_ARGS
+        # as run_backward configures them (registry._fa2_backward: dq_atomic = not deterministic)
+        for atomic in (True, False):
+            bm, bn = (backward_fa2.default_blocks_atomic(d, F32) if atomic
+                      else backward_fa2.default_blocks(d, F32))
+            launcher, _ = backward_fa2.make_dkdv_kernel(
+                bm, bn, d, False, F32, None, atomic, None if atomic else False,
+                backward_fa2.prefetch_by_default(F32, atomic),
+                backward_fa2.tensor_cores_by_default(F32, atomic))
+            for label, kernel in _dispatchers(
+                    f"fa2 backward dkdv d={d} {bm}x{bn} dq_atomic={atomic}", launcher):
+                yield label, kernel, DKDV_ARGS
+        bm, bn = backward_fa2.default_blocks(d, F32)
+        launcher, _ = backward_fa2.make_dq_kernel(bm, bn, d, False, F32)
+        for label, kernel in _dispatchers(f"fa2 backward dq d={d} {bm}x{bn}", launcher):
+            yield label, kernel, DQ_ARGS
+
+
+def ptxas(label, kernel, args, home):
+    """ptxas -v's figures for one kernel: dict(registers, stack, spill_stores, spill_loads,
+    seconds), or dict(error=...)."""
+    options = getattr(kernel, "targetoptions", {})
+    t0 = time.perf_counter()
+    ptx, _ = cuda.compile_ptx(kernel.py_func, args, cc=(9, 0),
+                              fastmath=options.get("fastmath", False),
+                              lineinfo=options.get("lineinfo", False),
+                              launch_bounds=options.get("launch_bounds"))
+    ptx = ptx.replace(".target sm_90", ".target sm_90a")    # wgmma needs the a-target
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False,
+                                     prefix="ptxas_check_") as f:
+        f.write(ptx)
+    command = [os.path.join(home, "bin", "ptxas"), "-arch=sm_90a", "-v", f.name, "-o",
+               os.devnull]
+    if options.get("max_registers"):
+        command[1:1] = ["-maxrregcount", str(options["max_registers"])]
+    try:
+        r = subprocess.run(command, capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    seconds = time.perf_counter() - t0
+    if r.returncode != 0:
+        return dict(error=r.stderr.strip(), seconds=seconds)
+    text = r.stderr
+
+    def figure(pattern):
+        m = re.search(pattern, text)
+        return int(m.group(1)) if m else None
+    return dict(registers=figure(r"Used (\d+) registers"),
+                stack=figure(r"(\d+) bytes stack frame"),
+                spill_stores=figure(r"(\d+) bytes spill stores"),
+                spill_loads=figure(r"(\d+) bytes spill loads"),
+                info="; ".join(line.split("info    : ")[-1].strip() for line in text.splitlines()
+                               if "Used" in line or "spill" in line),
+                seconds=seconds)
+
+
+def table(rows):
+    width = max([len(label) for label, _ in rows] + [6])
+    lines = [f"{'kernel':<{width}}  {'regs':>4}  {'stack':>5}  {'spill st':>8}  {'spill ld':>8}"]
+    for label, r in rows:
+        if "error" in r:
+            lines.append(f"{label:<{width}}  ptxas failed: {r['error'].splitlines()[0][:80]}")
+        else:
+            lines.append(f"{label:<{width}}  {r['registers']:>4}  {r['stack']:>5}  "
+                         f"{r['spill_stores']:>8}  {r['spill_loads']:>8}")
+    return "\n".join(lines)
+
+
+def main(words):
+    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    if not os.path.exists(os.path.join(home, "bin", "ptxas")):
+        sys.exit(f"ptxas_check: no ptxas at {home}/bin (set CUDA_HOME to a CUDA toolkit)")
+    rows = []
+    for label, kernel, args in kernels():
+        if words and not all(w in label for w in words):
+            continue
+        r = ptxas(label, kernel, args, home)
+        rows.append((label, r))
+        print(f"{label}: {r.get('info') or r.get('error')} ({r['seconds']:.0f} s)", flush=True)
+    if not rows:
+        sys.exit(f"ptxas_check: no kernel label contains all of {words}")
+    print()
+    print(table(rows))
+    return 1 if any("error" in r for _, r in rows) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
