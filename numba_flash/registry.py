@@ -140,6 +140,15 @@ def resolve(name, d, dtype, device=None):
     return pair
 
 
+def runs(name, d, dtype, device=None):
+    """True when `name` resolves to a pair for (d, dtype) here (resolve without the error)."""
+    try:
+        resolve(name, d, dtype, device)
+    except ValueError:
+        return False
+    return True
+
+
 def tile_choices(name, kind, d, dtype, candidates, deterministic=False):
     """The (block_m, block_n) of `candidates` that the pair resolved for (d, dtype) accepts
     for `kind` ("forward" or "backward"): what the property tests draw from."""

@@ -90,10 +90,10 @@ def test_wgmma_backward_recomputes_p_exactly_after_the_wgmma_forward(case, deter
     H200 for GPU_CASES' case (2026-11-30 / 12-01): the lean backward's dv erred 5.6 after fa2's
     forward and 8.3e-07 after the wgmma forward (fa2-atomic after fa2: 8.3e-07), allowance 193.
     On the simulator the products are the NumPy model in both passes, so the same holds there.
-    The deterministic dQ pass forms S with the forward's own functions: the same holds for it
-    (dq's error is checked by the tolerance tests)."""
-    row = 0 if deterministic else 2              # the dQ pass's dq, the dK/dV kernel's dv
-    paired = recomputed_dv_error("wgmma", case, deterministic)[row]
+    With deterministic=True the dK/dV kernel runs without its dQ: the same holds for it."""
+    # dv: the dK/dV kernel's (deterministic: run without its dQ). dq is no witness here: at
+    # these logits P is nearly one-hot and dS nearly 0, so dq errs ~1e-3 after either forward
+    paired = recomputed_dv_error("wgmma", case, deterministic)[2]
     assert paired.max_err < 1e-4 * paired.allowed, paired
-    unpaired = recomputed_dv_error("fa2", case, deterministic)[row]   # S formed another way
+    unpaired = recomputed_dv_error("fa2", case, deterministic)[2]   # S formed another way
     assert unpaired.max_err > 1e3 * paired.max_err, (unpaired, paired)

@@ -155,6 +155,43 @@ def kernel_jit(threads):
 ALIGN = None if SIMULATOR else 16      # of the dynamic shared array; the simulator rejects one
 
 
+def lock_simulator_shared_arrays():
+    """Make the simulator's static shared arrays thread-safe (idempotent; nothing on a GPU).
+    numba-cuda's FakeCUDAShared.array looks a static array up by the caller's (file, line) and
+    creates it when missing, unlocked: two of a block's threads (Python threads) can both miss
+    and each get an array of its own, so the block no longer shares its tile and the kernel
+    computes garbage. Seen on a loaded 2-core machine (2026-12-02: the rowwise forward once
+    returned lse of 1.6e7, passing when re-run alone; the tiled kernels failed three tests
+    under a shorter switch interval, 2026-11-30). A lock around the lookup makes it a
+    lookup again."""
+    if not SIMULATOR:
+        return
+    import threading
+    from numba.cuda.simulator import kernelapi
+    shared = kernelapi.FakeCUDAShared
+    if getattr(shared.array, "_locked", False):
+        return
+    unlocked, lock = shared.array, threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:    # dynamic memory (one buffer), or its error
+            return unlocked(self, shape, dtype, alignment)
+        if isinstance(dtype, numba.types.Type):
+            dtype = numba.np.numpy_support.as_dtype(dtype)
+        frame = sys._getframe(1)                   # the kernel's line, as the simulator keys it
+        caller = (frame.f_code.co_filename, frame.f_lineno)
+        with lock:
+            found = self._allocations.get(caller)
+            if found is None:
+                found = self._allocations[caller] = np.empty(shape, dtype)
+        return found
+    array._locked = True
+    shared.array = array
+
+
+lock_simulator_shared_arrays()
+
+
 @functools.lru_cache(maxsize=None)
 def make_recompute_p(T, causal):
     """recompute_p(s_ij, lse_i, i, j, nq, nk), every backward's P from the forward's lse."""

@@ -39,14 +39,19 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     accepts (registry.tile_choices), or None for its defaults ("auto": as the property says).
     should_stop() -> True makes the remaining examples return without running (a deadline).
     settings_kw override the loaded profile (e.g. max_examples)."""
+    from .. import registry
     func, kind, prop_tiles = PROPERTIES[prop]
     if tiles == "auto":
         tiles = prop_tiles
+    # the dtypes the pair runs (a variant without a fallback, like a mutant of the float32
+    # Hopper pair, raises for the others); the head dims too, case by case (assume)
+    dtypes = tuple(dt for dt in ("float32", "float64") if registry.runs(kernel, 1, dt))
 
-    @given(problems(size=size, tiles=(kernel, tiles) if tiles else None))
+    @given(problems(size=size, dtypes=dtypes, tiles=(kernel, tiles) if tiles else None))
     def run(p):
         if should_stop is not None and should_stop():
             return                      # past the deadline: Problems are drawn lazily, cheap
+        assume(registry.runs(kernel, p.d, p.dtype))
         outcome = func(kernel, p)
         assume(outcome is not None)
         target(min(outcome.worst, 1e6), label=f"{prop}: error / allowed")

@@ -29,7 +29,9 @@ class Mutant:
     prop: str          # the property expected to catch it
     base: str          # the registered pair it is a mutant of
     via: str = None    # the module giving the pair's part, if not `module` (it imports `module`)
-    size: str = SIM    # strategies.SIZES: "simulator-wide" for the d > 64 kernels
+    # strategies.SIZES: "simulator-wide" for the d > 64 kernels, "simulator-blocks" for what
+    # shows only past the Hopper family's first 64 keys
+    size: str = SIM
 
 
 _R = "forward agrees"
@@ -64,15 +66,18 @@ MUTANTS = {m.name: m for m in (
     # the Hopper family (sm90): its online softmax, the lean forward's O, the backward's dS,
     # the permuted contraction in one direction only, a dQ pair's columns
     Mutant("l not rescaled (wgmma)", "forward", "sm90.softmax",
-           "l[h] *= alpha[h]", "l[h] *= float32(1.0)", _R, "wgmma", via="sm90.forward"),
+           "l[h] *= alpha[h]", "l[h] *= float32(1.0)", _R, "wgmma", via="sm90.forward",
+           size="simulator-blocks"),
     Mutant("O not rescaled (wgmma)", "forward", "sm90.forward",
-           "o_acc[j] *= alpha[(j % 4) // 2]", "o_acc[j] *= float32(1.0)", _R, "wgmma"),
+           "o_acc[j] *= alpha[(j % 4) // 2]", "o_acc[j] *= float32(1.0)", _R, "wgmma",
+           size="simulator-blocks"),
     Mutant("D left out of dS (wgmma)", "backward", "sm90.backward",
            "dp_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))", "dp_acc[j] = p * dp_acc[j]",
            _B, "wgmma"),
     Mutant("dQ pair added to swapped columns (wgmma)", "backward", "sm90.backward",
            "x0, x1 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale",
-           "x1, x0 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale", _B, "wgmma"),
+           "x1, x0 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale", _B, "wgmma",
+           size="simulator-wide"),
     Mutant("K unpermuted in the backward only (wgmma, d > 64)", "backward", "sm90.backward",
            "stage = make_stage(False, per_warpgroup=True, chain_permuted=True)",
            "stage = make_stage(False, per_warpgroup=True, chain_permuted=False)", _B, "wgmma",

@@ -18,6 +18,8 @@ SIZES = {
     "gpu": dict(max_n=1100, max_d=256, max_batch=2, max_heads=4),
     # the Hopper family's two-warpgroup kernels (64 < d <= 128) on the simulator
     "simulator-wide": dict(min_d=65, max_n=24, max_d=80, max_batch=1, max_heads=1),
+    # several K/V blocks of the Hopper family's 64 keys (the online softmax's rescaling)
+    "simulator-blocks": dict(min_n=65, max_n=140, max_d=16, max_batch=1, max_heads=1),
 }
 
 REGIMES = ("ordinary", "huge", "dominant key", "all equal", "row offsets", "near-cancelling",
@@ -117,11 +119,13 @@ def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
     return tuple(a.astype(dtype) for a in (q, k, v, dout))
 
 
-def sequence_lengths(max_n):
-    """1, sizes just off a tile multiple (15, 17, 31, 33, 63, 65, ...), and anything else."""
+def sequence_lengths(max_n, min_n=1):
+    """1, sizes just off a tile multiple (15, 17, 31, 33, 63, 65, ...), and anything else
+    (from min_n up)."""
     near = sorted({n + o for n in (16, 32, 64, 128, 256, 512, 1024) for o in (-1, 0, 1)
-                   if 1 <= n + o <= max_n})
-    return st.one_of(st.just(1), st.sampled_from(near), st.integers(1, max_n))
+                   if min_n <= n + o <= max_n})
+    return st.one_of(*([st.just(1)] if min_n <= 1 else []), st.sampled_from(near),
+                     st.integers(min_n, max_n))
 
 
 @st.composite
@@ -138,8 +142,8 @@ def problems(draw, size="simulator", dtypes=("float32", "float64"), regimes=REGI
     min_d = lim.get("min_d", 1)
     d = draw(st.one_of(st.integers(min_d, lim["max_d"]), st.sampled_from(
         [x for x in (1, 16, 59, 64, 72, 111, 128, 256) if min_d <= x <= lim["max_d"]])))
-    nq = draw(sequence_lengths(lim["max_n"]))
-    nk = draw(sequence_lengths(lim["max_n"]))
+    nq = draw(sequence_lengths(lim["max_n"], lim.get("min_n", 1)))
+    nk = draw(sequence_lengths(lim["max_n"], lim.get("min_n", 1)))
     causal = draw(st.booleans())
     if regime == "fully masked rows":
         causal = True
