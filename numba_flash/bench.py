@@ -35,7 +35,7 @@ def _sync():
     cuda.synchronize()
 
 
-def _median_ms(fn, min_seconds=0.3, max_reps=100, warmup_seconds=0.1):
+def median_ms(fn, min_seconds=0.3, max_reps=100, warmup_seconds=0.1):
     """Median wall time of fn() in ms, each call bracketed by device synchronization.
     Warm-up calls for warmup_seconds first (compilation, the allocator, and the GPU after
     host work: the fa2 forward at d = 128, N = 1k, timed first in its bench case after one
@@ -146,7 +146,7 @@ def _measure_memory(kind, call):
     return meter.bytes
 
 
-def _inputs(b, h, n, d, seed=0):
+def make_inputs(b, h, n, d, seed=0):
     """float32 q, k, v, dout on the device, as torch tensors when torch is present (shared by
     every implementation through __cuda_array_interface__), else CuPy or Numba arrays."""
     rng = np.random.default_rng(seed)
@@ -161,7 +161,7 @@ def _inputs(b, h, n, d, seed=0):
     return [cuda.to_device(x) for x in host]
 
 
-def _free_caches():
+def free_caches():
     try:
         import torch
         torch.cuda.empty_cache()
@@ -192,8 +192,8 @@ def run(grid, modes=("fwd", "fwd+bwd"), progress=True, on_record=None, only=None
         b, h = max(1, 16384 // n), 2048 // d
         if inputs_key != (b, h, n, d):
             inputs, inputs_key = None, (b, h, n, d)
-            _free_caches()
-            inputs = _inputs(b, h, n, d)
+            free_caches()
+            inputs = make_inputs(b, h, n, d)
         q, k, v, dout = inputs
         fwd, fwd_bwd, mem_kind = impls[name]
         call = (lambda: fwd(q, k, v, causal)) if mode == "fwd" else (
@@ -203,13 +203,13 @@ def run(grid, modes=("fwd", "fwd+bwd"), progress=True, on_record=None, only=None
                    flops=flops)
         bar.set_postfix_str(f"{name} {mode} d{d} N{n}{' causal' if causal else ''}")
         try:
-            rec["ms"] = _median_ms(call)
+            rec["ms"] = median_ms(call)
             rec["tflops"] = flops / rec["ms"] / 1e9
-            _free_caches()
+            free_caches()
             rec["peak_bytes"] = int(_measure_memory(mem_kind, call))
         except Exception as exc:  # out of memory, unsupported shape: recorded, not fatal
             rec["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-            _free_caches()
+            free_caches()
         records.append(rec)
         if on_record:
             on_record(records)
@@ -219,9 +219,9 @@ def run(grid, modes=("fwd", "fwd+bwd"), progress=True, on_record=None, only=None
 def run_long(n=131072, b=1, h=16, d=128):
     """Forward + backward at long context, where the N x N matrices alone would need
     B*H*N^2*4 bytes (about 1.1 TB at N = 131072): one timed call, and its peak memory."""
-    q, k, v, dout = _inputs(b, h, n, d)
+    q, k, v, dout = make_inputs(b, h, n, d)
     fwd, fwd_bwd = _numba_flash("auto")
-    small = _inputs(b, h, 1024, d)
+    small = make_inputs(b, h, 1024, d)
     fwd_bwd(small[0], small[1], small[2], False, small[3])                      # compile
     with arrays.AllocationMeter() as meter:
         t0 = time.perf_counter()

@@ -17,7 +17,6 @@ device strings: "simulator", or "sm_XY" for a GPU of compute capability X.Y.
 """
 
 import dataclasses
-import functools
 from dataclasses import dataclass
 from typing import Callable
 

@@ -12,7 +12,7 @@ import numpy as np
 import reference as ref
 
 from . import arrays
-from .bench import _median_ms
+from .bench import median_ms
 import functools
 
 from .kernels import backward, backward_fa2, forward_fa2, forward_tiled
@@ -134,10 +134,10 @@ def main(n=2048, forward=("tiled", "fa2"), backward=("tiled", "fa2", "fa2-atomic
                 try:
                     ok = _correct(cfg, d, which, name)
                     if which == "fwd":
-                        ms = _median_ms(lambda: _launch_forward(cfg, q, k, v, kernel=name))
+                        ms = median_ms(lambda: _launch_forward(cfg, q, k, v, kernel=name))
                         tf = flops / ms / 1e9
                     else:
-                        ms = _median_ms(lambda: _launch_backward(cfg, dout, q, k, v, out, lse,
+                        ms = median_ms(lambda: _launch_backward(cfg, dout, q, k, v, out, lse,
                                                                  kernel=name))
                         tf = 2.5 * flops / ms / 1e9
                     print(f"{which + ' ' + name:<9} {d:>4} {cfg[0]:>7} {cfg[1]:>7} {'%dx%d' % cfg[2]:>7} "

@@ -4,35 +4,10 @@ forward's out and lse) over a fixed set of cases against truth."""
 import sys
 import time
 
-import numpy as np
-
-from .api import flash_attention_backward, flash_attention_forward
 from .registry import PAIRS
-from .testing import GPU_CASES, SIMULATOR_CASES, check_backward, check_forward
+from .testing import GPU_CASES, SIMULATOR_CASES
+from .testing.campaign import run_checks
 
-DTYPES = (np.float32, np.float64)
-
-
-def run_checks(cases, dtypes=DTYPES, kernels=None):
-    """Yield one row per (kernel, dtype, case, output): dict with kernel, dtype, case,
-    output, max_err, allowed, ok, note. kernels: registered pair names (default all)."""
-    kernels = sorted(PAIRS) if kernels is None else kernels
-    for case in cases:
-        for dtype in dtypes:
-            q, k, v, dout = case.inputs(dtype)
-            for name in kernels:
-                out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel=name)
-                for c in check_forward(q, k, v, out, lse, causal=case.causal):
-                    yield _row(f"fwd/{name}", dtype, case, c)
-                grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
-                                                 kernel=name)
-                for c in check_backward(dout, q, k, v, *grads, causal=case.causal):
-                    yield _row(f"bwd/{name}", dtype, case, c)
-
-
-def _row(kernel, dtype, case, c):
-    return dict(kernel=kernel, dtype=np.dtype(dtype).name, case=f"{case.name}: {case}",
-                output=c.name, max_err=c.max_err, allowed=c.allowed, ok=c.ok, note=c.note)
 
 
 def main(simulator, quiet=False, kernels=None):

@@ -1,7 +1,7 @@
 """A/B timing of registered kernel pairs on the GPU: two (or more) pairs in one process, on
 the same inputs, in interleaved rounds (at each grid point, --rounds rounds, each timing every
 pair in turn), each figure the median of calls bracketed by CUDA synchronisation
-(bench._median_ms):
+(bench.median_ms):
 
     python tools/ab.py fa2 wgmma                         # d 64 128, N 1k..8k, causal off, on
     python tools/ab.py wgmma mine --import my_variant.py --d 128 --n 2048 --rounds 3
@@ -36,7 +36,7 @@ import numpy as np
 
 import reference as ref
 from numba_flash import flash_attention_backward, flash_attention_forward, registry
-from numba_flash.bench import _free_caches, _inputs, _median_ms
+from numba_flash.bench import free_caches, make_inputs, median_ms
 from numba_flash.testing import Case, check_backward, check_forward
 
 
@@ -88,8 +88,8 @@ def time_grid(names, grid, rounds, deterministic, device, b=None, h=None):
     figures = {}
     for d, n, causal in grid:
         bb, hh = b or max(1, 16384 // n), h or 2048 // d
-        _free_caches()
-        q, k, v, dout = _inputs(bb, hh, n, d)
+        free_caches()
+        q, k, v, dout = make_inputs(bb, hh, n, d)
         flops = ref.forward_flops(n, n, d, causal, bb * hh)
         for rnd in range(rounds):
             for name in names:
@@ -98,7 +98,7 @@ def time_grid(names, grid, rounds, deterministic, device, b=None, h=None):
                 calls = _calls(name, q, k, v, dout, causal)
                 line = []
                 for mode in modes:
-                    ms = _median_ms(calls[mode])
+                    ms = median_ms(calls[mode])
                     tflops = flops * (1 if mode == "fwd" else 3.5) / ms / 1e9
                     figures.setdefault((d, n, causal, mode, name), []).append(tflops)
                     line.append(f"{mode} {tflops:.3g}")

@@ -29,7 +29,6 @@ In float32 fa2-atomic's dV, dK and dQ products run on tensor cores (3xTF32, fa2_
 """
 
 import functools
-import math
 
 import numpy as np
 

@@ -10,9 +10,12 @@ import time
 import numpy as np
 from hypothesis import assume, given, settings, target
 
+from ..api import flash_attention_backward, flash_attention_forward
 from ..registry import PAIRS
+from .cases import GPU_CASES, SIMULATOR_CASES
 from .properties import PROPERTIES
 from .strategies import Problem, problems
+from .tolerance import check_backward, check_forward
 
 
 def pairs(properties=None, kernels=None):
@@ -65,6 +68,28 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     run()
 
 
+def run_checks(cases, dtypes=("float32", "float64"), kernels=None):
+    """Yield one row per (kernel, dtype, case, output): dict with kernel, dtype, case,
+    output, max_err, allowed, ok, note. kernels: registered pair names (default all)."""
+    kernels = sorted(PAIRS) if kernels is None else kernels
+    for case in cases:
+        for dtype in dtypes:
+            q, k, v, dout = case.inputs(dtype)
+            for name in kernels:
+                out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel=name)
+                for c in check_forward(q, k, v, out, lse, causal=case.causal):
+                    yield _row(f"fwd/{name}", dtype, case, c)
+                grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
+                                                 kernel=name)
+                for c in check_backward(dout, q, k, v, *grads, causal=case.causal):
+                    yield _row(f"bwd/{name}", dtype, case, c)
+
+
+def _row(kernel, dtype, case, c):
+    return dict(kernel=kernel, dtype=np.dtype(dtype).name, case=f"{case.name}: {case}",
+                output=c.name, max_err=c.max_err, allowed=c.allowed, ok=c.ok, note=c.note)
+
+
 def check_kernel(kernel, examples=10, size=None):
     """Every check on registered pair `kernel`: `numba-flash verify`'s cases (float32 and
     float64, forward and backward) and every property that applies to it, `examples` drawn
@@ -72,8 +97,6 @@ def check_kernel(kernel, examples=10, size=None):
     strategies.SIZES (default: "simulator" on the simulator, "gpu" on a GPU). Returns the
     number of verify rows and of properties checked."""
     from ..kernels.support import SIMULATOR
-    from ..verify import run_checks
-    from .cases import GPU_CASES, SIMULATOR_CASES
     size = size or ("simulator" if SIMULATOR else "gpu")
     rows = list(run_checks(SIMULATOR_CASES if size.startswith("simulator") else GPU_CASES,
                            kernels=[kernel]))

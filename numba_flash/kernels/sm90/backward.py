@@ -31,13 +31,15 @@ from numba import cuda, float32
 
 from ..backward import run_preprocess
 from ..mma import split_tf32
-from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, ceil_div, device_function,
+from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div, device_function,
                        kernel_jit, make_recompute_p, simulator_switch_interval)
 from ..vector_io import AlignedDispatch
 from ..vector_io import add2 as red_add2
+from .dq import run_dq
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add, add2,
                        add_in_turn, clear, make_chain_fragments, make_global_fragment,
-                       make_stage, split_chain, split_fragment, transposed_fragment,
+                       make_stage, row_stats, split_chain, split_fragment,
+                       transposed_fragment,
                        transposed_fragment_chain_paired, transposed_fragment_paired)
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, position, products
 
@@ -114,16 +116,6 @@ def _make_add_dq_pairs(vector):
 # add_dq_pairs_by_element: two scalar atomics per pair (any d, any alignment).
 add_dq_pairs = _make_add_dq_pairs(True)
 add_dq_pairs_by_element = _make_add_dq_pairs(False)
-
-
-@device_function
-def row_stats(lse, Dvec, bh, i0, i1, nq):
-    """lse and D of query rows i0 and i1 (-inf and 0 past nq)."""
-    lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
-    lse1 = lse[bh, i1] if i1 < nq else float32(NEG_INF)
-    D0 = Dvec[bh, i0] if i0 < nq else float32(0.0)
-    D1 = Dvec[bh, i1] if i1 < nq else float32(0.0)
-    return lse0, lse1, D0, D1
 
 
 @device_function
@@ -510,6 +502,5 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
         kernel[(ceil_div(nk, BLOCK), bhk), threads](q, k, v, dout, lse, D, dk, dv, dq,
                                                     np.float32(scale), heads, group)
     if deterministic:
-        from .dq import run_dq
         run_dq(dout, q, k, v, lse, D, dq, scale=scale, heads=heads, group=group,
                causal=causal)

@@ -22,11 +22,10 @@ from numba import cuda, float32
 from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div, kernel_jit, kv_head,
                        make_recompute_p, simulator_switch_interval)
 from ..vector_io import AlignedDispatch
-from .backward import row_stats
 from .forward import BLOCK_M_WIDE, STAGE_LOADS, split_p_chain
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add,
                        add_in_turn, clear, make_global_fragment, make_lean_s, make_stage,
-                       make_wide_s)
+                       make_wide_s, row_stats)
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
 # lean: scale Q, K, V (both K-major over the head dim), K^T permuted; each big then small

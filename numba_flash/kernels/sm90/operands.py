@@ -27,7 +27,7 @@ import functools
 from numba import cuda, float32
 
 from ..mma import split_tf32
-from ..support import U, device_function, inlined_device_function
+from ..support import NEG_INF, U, device_function, inlined_device_function
 from ..vector_io import load4
 from .wgmma import CHAIN, STEP, WARPGROUP, products
 
@@ -293,6 +293,16 @@ def split_fragment(x):
     b3, s3 = split_tf32(x[3])
     return (b0, b1, b2, b3), (s0, s1, s2, s3)
 
+
+
+@device_function
+def row_stats(lse, Dvec, bh, i0, i1, nq):
+    """lse and D of query rows i0 and i1 (-inf and 0 past nq)."""
+    lse0 = lse[bh, i0] if i0 < nq else float32(NEG_INF)
+    lse1 = lse[bh, i1] if i1 < nq else float32(NEG_INF)
+    D0 = Dvec[bh, i0] if i0 < nq else float32(0.0)
+    D1 = Dvec[bh, i1] if i1 < nq else float32(0.0)
+    return lse0, lse1, D0, D1
 
 
 @functools.lru_cache(maxsize=None)
