@@ -19,8 +19,9 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div, kernel_jit, kv_head,
-                       make_recompute_p, simulator_switch_interval)
+from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div,
+                       inlined_device_function, kernel_jit, kv_head, make_recompute_p,
+                       simulator_switch_interval)
 from ..vector_io import AlignedDispatch
 from .forward import BLOCK_M_WIDE, STAGE_LOADS, split_p_chain
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add,
@@ -40,6 +41,23 @@ DOUT_ARG = 3                # dout's position in the arguments (q's is 0)
 
 
 @functools.lru_cache(maxsize=None)
+def make_ds(causal):
+    """ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk): S's
+    accumulator (rows i0, i1, keys n0 + col_t.., wgmma.position) becomes dS = P (dP - D) with
+    P = exp(S - lse) (masked: support.make_recompute_p)."""
+    recompute_p = make_recompute_p(float32, causal)
+
+    @inlined_device_function
+    def ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk):
+        for j in range(REGS):
+            hi = (j % 4) // 2
+            key = n0 + U(8 * (j // 4) + j % 2) + col_t
+            p = recompute_p(s_acc[j], lse1 if hi else lse0, i1 if hi else i0, key, nq, nk)
+            s_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
+    return ds_in_place
+
+
+@functools.lru_cache(maxsize=None)
 def make_lean_dq_kernel(causal):
     """The dQ kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
     dout, lse, D, dq, scale, heads, group) on (B*H, N, d) float32 arrays; writes dq."""
@@ -50,7 +68,7 @@ def make_lean_dq_kernel(causal):
     prod = products(BLOCK, D_PAD, D_PAD)
     step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
     fragment = make_global_fragment(False)
-    recompute_p = make_recompute_p(float32, causal)
+    ds_in_place = make_ds(causal)
     uBM = U(BLOCK)
 
     @kernel_jit(WARPGROUP)
@@ -103,11 +121,7 @@ def make_lean_dq_kernel(causal):
                                                U(V_T + STEP_FLOATS),
                                                U(V_T + TILE + STEP_FLOATS), s,
                                                U(SCRATCH_AT)))
-            for j in range(REGS):                   # dS = P (dP - D), in s_acc
-                hi = (j % 4) // 2
-                key = n0 + U(8 * (j // 4) + j % 2) + col_t
-                p = recompute_p(s_acc[j], lse1 if hi else lse0, i1 if hi else i0, key, nq, nk)
-                s_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
+            ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk)
             # dQ += dS K: dS's C fragment is the A fragment against the permuted K^T
             split_p_chain(a_big, a_small, s_acc, 0)
             add(dq_acc, chained_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), 0,
@@ -135,7 +149,7 @@ def make_wide_dq_kernel(causal, vector_loads):
     s_chain = make_wide_s(WIDE_K_T, vector_loads)     # S: the wide forward's
     dp_chain = make_wide_s(WIDE_V_T, vector_loads)    # dP = dO V^T alike
     chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
-    recompute_p = make_recompute_p(float32, causal)
+    ds_in_place = make_ds(causal)
     uBN = U(BLOCK)
 
     @kernel_jit(2 * WARPGROUP)
@@ -198,11 +212,7 @@ def make_wide_dq_kernel(causal, vector_loads):
                      scratch)
             dp_chain(sm, dp_acc, dout, bh, q_row0, one, d, warp, lane, 3, x, a_big, a_small,
                      scratch)
-            for j in range(REGS):                   # dS = P (dP - D), in s_acc
-                hi = (j % 4) // 2
-                key = n0 + U(8 * (j // 4) + j % 2) + col_t
-                p = recompute_p(s_acc[j], lse1 if hi else lse0, i1 if hi else i0, key, nq, nk)
-                s_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
+            ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk)
             # dQ += dS K against K^T's halves (written out: a loop holding a wgmma is not
             # unrolled, and dq0 / dq1 picked by its index would live in local memory)
             split_p_chain(a_big, a_small, s_acc, 0)
