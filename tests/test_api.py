@@ -136,7 +136,12 @@ def test_flags_must_be_booleans(flag, value):
             lambda q, k, v, **kw: flash_attention_backward(q, q, k, v, q, q[..., 0], **kw))
     with pytest.raises(TypeError, match=f"{flag} must be True or False"):
         call(q, k, v, **{flag: value})
-    call(q, k, v, **{flag: np.bool_(False)})            # NumPy's bool is a bool
+
+
+def test_numpy_bools_are_bools():
+    q, k, v = qkv((1, 1, 3, 2))
+    out, lse = flash_attention_forward(q, k, v, causal=np.bool_(True))
+    assert np.array_equal(out, flash_attention_forward(q, k, v, causal=True)[0])
 
 
 def test_fa2_backward_compiles_once_per_padded_head_dim():
