@@ -54,8 +54,8 @@ BACKWARD_CONFIGS = {
                    (32, 32, (8, 16)), (128, 64, (16, 16))],
     # fa2-atomic configurations may carry a fourth entry, vector_atomics (None: where possible),
     # a fifth, prefetch of the next Q and dO tiles (missing: run_backward's default, on in
-    # float32), a sixth, tensor_cores (the accumulating products on tensor cores, 3xTF32;
-    # missing: on in float32), a seventh, dp_tensor_cores, and an eighth, p_in_registers
+    # float32), and a sixth, tensor_cores (the accumulating products on tensor cores, 3xTF32;
+    # missing: on in float32)
     ("fa2-atomic", 64): [(64, 128, (16, 16), False, True), (64, 128, (16, 16), True, False),
                          (64, 128, (16, 16), True, True), (64, 64, (16, 16), True, True),
                          (128, 64, (16, 16), True, True), (64, 128, (32, 8), True, True),
@@ -83,8 +83,7 @@ def _launch_forward(cfg, q, k, v, causal=False, kernel="tiled"):
 
 def _launch_backward(cfg, dout, q, k, v, out, lse, causal=False, kernel="tiled"):
     bm, bn, threads, *options = cfg
-    extra = dict(zip(("vector_atomics", "prefetch", "tensor_cores", "dp_tensor_cores",
-                      "p_in_registers"), options))
+    extra = dict(zip(("vector_atomics", "prefetch", "tensor_cores"), options))
     dq = arrays.empty_device(q.shape, q.dtype)
     dk = arrays.empty_device(k.shape, k.dtype)
     dv = arrays.empty_device(v.shape, v.dtype)

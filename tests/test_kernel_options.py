@@ -216,20 +216,6 @@ def test_tensor_cores_agree_with_truth_and_the_ffma_products(dq_atomic):
         np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("dq_atomic", [False, True])
-def test_dp_on_tensor_cores_keeps_p_bit_for_bit(dq_atomic):
-    # S^T by FFMA at the fragments' positions must be the sum the forward did: dV = P^T dO
-    # then comes out bit for bit as with S from dot_rows (the same dV product on both)
-    case = Case("dP on tensor cores", 1, 2, 1, 21, 37, 12, causal=True)
-    inputs, got = run_fa2_backward(case, dq_atomic=dq_atomic, tensor_cores=True,
-                                   dp_tensor_cores=True)
-    _, ref = run_fa2_backward(case, dq_atomic=dq_atomic, tensor_cores=True)
-    assert all(c.ok for c in check_backward(*inputs, *got, causal=True))
-    np.testing.assert_array_equal(got[2], ref[2])
-    for g, r in zip(got[:2], ref[:2]):              # dP summed differently
-        np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
-
-
 def test_tensor_cores_need_float32_and_whole_warps():
     with pytest.raises(ValueError, match="float32"):
         backward_fa2.make_dkdv_kernel(16, 16, 12, False, np.float64, dq_atomic=True,
@@ -252,21 +238,3 @@ def test_gpu_tensor_cores_agree_with_truth(d, block_n):
     assert all(c.ok for c in check_backward(*inputs, *got, causal=case.causal))
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("d, block_m, block_n, p_in_registers",
-                         [(64, 64, 128, None), (64, 64, 128, False), (128, 64, 64, None),
-                          (128, 32, 128, None), (59, 64, 128, None)])
-def test_gpu_dp_on_tensor_cores_keeps_p_bit_for_bit(d, block_m, block_n, p_in_registers):
-    # on the GPU the FMA contraction is ptxas's: dV's bits show that S^T from fa2_mma's dot is
-    # still the forward's sum at real sizes, and that dV += P^T dO from the fragments in
-    # registers (p_in_registers, where block_n is 16 rows per warp) is the same sum as from
-    # shared memory
-    case = Case("dP on tensor cores, real size", 1, 4, 2, 700, 1030, d, causal=d != 64)
-    options = dict(block_m=block_m, block_n=block_n, dq_atomic=True, tensor_cores=True)
-    inputs, got = run_fa2_backward(case, dp_tensor_cores=True, p_in_registers=p_in_registers,
-                                   **options)
-    _, ref = run_fa2_backward(case, **options)
-    assert all(c.ok for c in check_backward(*inputs, *got, causal=case.causal))
-    np.testing.assert_array_equal(got[2], ref[2])

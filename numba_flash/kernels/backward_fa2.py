@@ -1,10 +1,9 @@
 """Backward kernels, FA2 variants: backward.py's three launches (preprocess D, dK/dV, dQ; no
 atomics, bitwise reproducible: "fa2") rebuilt with what made forward_fa2.py fast, and the
 two-launch "fa2-atomic" (dq_atomic=True: the dK/dV kernel also adds dQ up with atomics, no dQ
-kernel), the default backward since its GPU runs on an H200 (2026-11-29: `numba-flash verify`
-11/11 cases in both dtypes, compute-sanitizer memcheck and racecheck clean; `numba-flash tune`
-at N = 2048: 24.5 TFLOP/s at d = 64 and 21.4 at d = 128, against fa2's 18.5 and 16.5; 25.4
-and 22.9 with its dQ atomics 16 bytes at a time, `vector_atomics`).
+kernel), the default backward since its GPU runs on an H200 (verified, sanitizer-clean and
+timed faster than fa2, with its dQ atomics 16 bytes at a time faster still, `vector_atomics`;
+figures in docs/performance.md, "Figures that were in the kernel docstrings").
 
   * One dynamic shared allocation (common.DynamicSharedKernel), so that d = 128 can use 64 x 64
     tiles instead of backward.py's 16 x 16.
@@ -24,8 +23,9 @@ dQ kernel, per Q block (rows i owned by ty), over K/V blocks (columns j owned by
 S is summed in the forward's order (head dim ascending, one FMA per term, Q pre-scaled), so P
 is recomputed bit for bit (backward.py's docstring says why that matters at large logits).
 In float32 fa2-atomic's dV, dK and dQ products run on tensor cores (3xTF32, fa2_mma.py;
-`tensor_cores`, on by default there since 2026-11-29: a tie to 6 % ahead of FFMA on an H200);
-`dp_tensor_cores` and `p_in_registers` are measured experiments (README, "Tensor cores").
+`tensor_cores`, on by default there: a tie to a few per cent ahead of FFMA on an H200,
+docs/performance.md). dP on tensor cores and P kept in registers were measured and removed
+(docs/experiments.md).
 """
 
 import functools
@@ -35,12 +35,12 @@ import numpy as np
 from numba import cuda
 
 from .backward import run_preprocess
-from .support import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
-                      ceil_div, check_block, check_head_dim, check_shared_memory, kernel_jit,
+from .support import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel, ceil_div,
+                      check_block, check_head_dim, check_shared_memory, kernel_jit,
                       kv_head, make_recompute_p, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
-from .fa2_mma import WARP, mma_from_fragments, mma_products, position, rows_per_warp
+from .fa2_mma import WARP, mma_products
 from .vector_io import VECTOR, AlignedDispatch, add4, require_aligned
 
 
@@ -85,8 +85,8 @@ def shared_bytes(block_m, block_n, head_dim, item, threads=None, dq_atomic=False
 
 def default_blocks(head_dim, dtype):
     """(block_m, block_n): 64 x 64 in float32 up to d = 128, the fastest of `numba-flash tune`'s
-    configurations at d = 64 and 128 on an H200 (2026-11-29, N = 2048, 16 x 16 threads:
-    18.8 and 16.6 TFLOP/s; tune-bwd-fa2-h200-2026-11-29.txt)."""
+    configurations at d = 64 and 128 on an H200 (16 x 16 threads; figures in
+    docs/performance.md)."""
     item = np.dtype(dtype).itemsize
     if item == 4:
         choices = ((64, 64),) if head_dim <= 128 else ((32, 32),)
@@ -102,9 +102,9 @@ def default_blocks_atomic(head_dim, dtype):
     """(block_m, block_n) for the dQ-by-atomics dK/dV kernel, which also keeps dS in shared
     memory: 64 x 128 (64 query rows, 128 key rows per block) where it fits, else
     default_blocks' choice, else smaller. 64 x 128 fits float32 up to d = 64: `numba-flash tune`
-    on an H200 (2026-11-29, N = 2048, 16 x 16 threads) timed it fastest at d = 64 (24.5 TFLOP/s;
-    64 x 64: 17.8) and 64 x 64 fastest at d = 128 (21.2; 64 x 128 does not fit there); more key
-    rows per block means fewer atomic adds into each dQ row. Float64 is untuned."""
+    on an H200 (16 x 16 threads) timed it fastest at d = 64 and 64 x 64 fastest at d = 128
+    (64 x 128 does not fit there; figures in docs/performance.md); more key rows per block
+    means fewer atomic adds into each dQ row. Float64 is untuned."""
     item = np.dtype(dtype).itemsize
     for block_m, block_n in ((64, 128), default_blocks(head_dim, dtype), (32, 32), (16, 16)):
         if shared_bytes(block_m, block_n, head_dim, item, dq_atomic=True) <= \
@@ -230,8 +230,7 @@ def _pieces(rows_ty, rows_tx, block_m, block_n, d_pad, d_const, dtype, threads, 
 
 
 def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq_atomic=False,
-                     vector_atomics=None, prefetch=False, tensor_cores=False,
-                     dp_tensor_cores=False, p_in_registers=None):
+                     vector_atomics=None, prefetch=False, tensor_cores=False):
     """dK, dV. Launch grid (ceil(Nk / block_n), B*Hk), threads (TX, TY), arguments
     (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group). With dq_atomic the kernel also
     adds scale dS K into dq (which must hold zeros) with atomics, and no dQ kernel is needed:
@@ -254,19 +253,11 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     can, FFMA elsewhere). dQ is added from the fragments, which hold pairs of adjacent columns:
     vector_atomics there means one red.global.add.v2.f32 per pair (vector_io.add2; same
     conditions and alignment check as above). False here by default; run_backward turns it on
-    where it was timed (tensor_cores_by_default: float32 with dq_atomic).
-    dp_tensor_cores (with tensor_cores): dP^T = V dO^T on tensor cores too, and S^T by FFMA in
-    the forward's order at the positions of the fragments (fa2_mma's dot), so that P and dS are
-    formed in registers from the two; needs the block_n x block_m tile in 16 x 8 fragments.
-    p_in_registers (with dp_tensor_cores): keep P^T and dS^T in the fragments and feed dV and
-    dK's products from there (fa2_mma.mma_from_fragments), where each warp owns whole rows of
-    the tile (block_n a multiple of 16 x warps) and on a GPU (None: there; False: never; the
-    simulator always goes through shared memory)."""
+    where it was timed (tensor_cores_by_default: float32 with dq_atomic)."""
     d_pad, d_const, threads = _check(block_m, block_n, head_dim, dtype, threads, dq_atomic)
     if tensor_cores or tensor_cores is None:
         try:
-            _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic,
-                                dp_tensor_cores)
+            _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic)
             tensor_cores = True
         except ValueError:
             if tensor_cores:
@@ -276,12 +267,9 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
     if vector_atomics and not possible:
         raise ValueError(f"vector_atomics needs dq_atomic, float32 and d a multiple of {VECTOR}, "
                          f"got dq_atomic={dq_atomic}, {np.dtype(dtype)}, d={head_dim}")
-    dp_tensor_cores = bool(tensor_cores) and bool(dp_tensor_cores)
     build = functools.partial(_dkdv, block_m, block_n, d_pad, d_const, bool(causal),
                               np.dtype(dtype), threads, bool(dq_atomic), prefetch=bool(prefetch),
-                              tensor_cores=bool(tensor_cores), dp_tensor_cores=dp_tensor_cores,
-                              p_in_registers=dp_tensor_cores and _p_in_registers(
-                                  p_in_registers, block_n, threads))
+                              tensor_cores=bool(tensor_cores))
     if vector_atomics is None and possible:
         (vector, threads_per_block), (scalar, _) = build(True), build(False)
         return AlignedDispatch(vector, scalar, positions=(DQ_ARG,)), threads_per_block
@@ -291,7 +279,7 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None, dq
 DQ_ARG = 8      # dq's position among the dK/dV kernel's arguments
 
 
-def _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic, scores=False):
+def _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic):
     """ValueError unless the dK/dV kernel's tiles can go through fa2_mma: float32, whole warps,
     and the dK/dV (block_n x d_pad) and dQ (block_m x d_pad) tiles in 16 x 8 fragments."""
     if np.dtype(dtype) != np.float32:
@@ -303,24 +291,6 @@ def _check_tensor_cores(block_m, block_n, d_pad, dtype, threads, dq_atomic, scor
         raise ValueError(f"tensor_cores needs block_m and block_n multiples of 8, got "
                          f"{block_m} x {block_n}")
     _tensor_core_products(block_m, block_n, d_pad, threads, dq_atomic)
-    if scores:
-        _score_products(block_m, block_n, d_pad, threads)
-
-
-def _p_in_registers(option, block_n, threads):
-    """make_dkdv_kernel's p_in_registers, resolved (ValueError where True cannot run)."""
-    possible = not SIMULATOR and rows_per_warp(block_n, threads[0] * threads[1] // WARP)
-    if option and not possible:
-        raise ValueError(f"p_in_registers needs a GPU and block_n a multiple of 16 x warps, got "
-                         f"block_n={block_n}, {threads[0] * threads[1] // WARP} warps")
-    return possible if option is None else bool(option)
-
-
-def _score_products(block_m, block_n, d_pad, threads):
-    """fa2_mma device functions for the S^T and dP^T tile (block_n x block_m, K and V rows
-    against Q and dO rows, contracted over d_pad)."""
-    warps = threads[0] * threads[1] // WARP
-    return mma_products(block_n, block_m, warps, d_pad + PAD, d_pad + PAD)
 
 
 def _tensor_core_products(block_m, block_n, d_pad, threads, dq_atomic):
@@ -334,7 +304,7 @@ def _tensor_core_products(block_m, block_n, d_pad, threads, dq_atomic):
 
 @functools.lru_cache(maxsize=None)
 def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, vector_atomics,
-          prefetch=False, tensor_cores=False, dp_tensor_cores=False, p_in_registers=False):
+          prefetch=False, tensor_cores=False):
     c, stage, dot_rows, accumulate, store_rows, row_vectors = _pieces(
         block_n, block_m, block_m, block_n, d_pad, d_const, dtype, threads, 2, dq_atomic)
     DQ_ATOMIC = dq_atomic
@@ -367,18 +337,6 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         if DQ_ATOMIC:
             acc_q, clear_q = mma_q["accumulate"], mma_q["clear"]
             add_q = mma_q["add_pairs"] if RED4 else mma_q["add"]
-    DP_TC = TC and dp_tensor_cores
-    FS = (1, 1, 1)
-    if DP_TC:
-        mma_s = _score_products(block_m, block_n, c["D_PAD"], threads)
-        FS = mma_s["shape"]
-        dot_s, acc_dp, clear_s, origin_s = (mma_s[x] for x in ("dot", "accumulate_t", "clear",
-                                                              "origin"))
-    uDPAD = U(c["D_PAD"])
-    REGS = DP_TC and p_in_registers
-    if REGS:
-        regs_kv = mma_from_fragments(block_n, block_m, c["D_PAD"], threads[0] * threads[1] // WARP,
-                                     c["D_ROW"])
 
     @kernel_jit(TX * TY)
     def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -402,8 +360,6 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         dk_frag = cuda.local.array(FK, T)             # tensor cores: the warp's fragments
         dv_frag = cuda.local.array(FK, T)
         dq_frag = cuda.local.array(FQ, T)
-        s_frag = cuda.local.array(FS, T)              # S^T and dP^T at fragment positions
-        dp_frag = cuda.local.array(FS, T)
         warp, lane = tid // U(WARP), tid % U(WARP)
         if TC:
             clear_kv(dk_frag)
@@ -438,54 +394,21 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
                 if PREFETCH and m1 < nq:               # lands while this tile is computed
                     fetch(q_next, q, bh, m1, tid, d, scale)
                     fetch(do_next, dout, bh, m1, tid, d, T(1.0))
-                if DP_TC:
-                    # S^T by FFMA in the forward's order and dP^T on tensor cores, both at
-                    # the fragments' positions (rows j, columns i) of the S^T tile
-                    dot_s(sm, uK, uQ, uDPAD, s_frag, warp, lane)
-                    clear_s(dp_frag)
-                    acc_dp(sm, uV, udO, uDPAD, dp_frag, warp, lane)
-                    row0, col0 = origin_s(warp)
-                    for mt in range(FS[0]):
-                        for nt in range(FS[1]):
-                            for e in range(4):
-                                jl, il = position(row0, col0, mt, nt, e, lane)
-                                i = m0 + il
-                                p = recompute_p(s_frag[mt, nt, e], sm[uL + il], i, n0 + jl,
-                                                nq, nk)
-                                ds = p * (dp_frag[mt, nt, e] - sm[uDv + il])
-                                if REGS:               # P^T and dS^T stay in the fragments
-                                    s_frag[mt, nt, e] = p
-                                    dp_frag[mt, nt, e] = ds
-                                else:
-                                    sm[uPT + jl * uWR + il] = p
-                                    sm[udST + jl * uWR + il] = ds
-                                if DQ_ATOMIC:
-                                    sm[udS + il * uSR + jl] = ds
-                else:
-                    dot_rows(sm, uK, uQ, s, ty, tx)    # S^T[j, i], summed as the forward did
-                    dot_rows(sm, uV, udO, dp, ty, tx)  # dP^T[j, i]
-                    for a in range(TA):
-                        jl = ty + U(a) * uTY
-                        j = n0 + jl
-                        for b in range(TB):
-                            il = tx + U(b) * uTX
-                            i = m0 + il
-                            p = recompute_p(s[a, b], sm[uL + il], i, j, nq, nk)
-                            sm[uPT + jl * uWR + il] = p
-                            ds = p * (dp[a, b] - sm[uDv + il])
-                            sm[udST + jl * uWR + il] = ds
-                            if DQ_ATOMIC:
-                                sm[udS + il * uSR + jl] = ds
-                if REGS:
-                    # the warp's own rows of P^T and dS^T, from its registers
-                    regs_kv(sm, s_frag, udO, dv_frag, warp, lane)      # dV += P^T dO
-                    regs_kv(sm, dp_frag, uQ, dk_frag, warp, lane)      # dK += dS^T (scale Q)
-                    if DQ_ATOMIC:
-                        cuda.syncthreads()             # dS rows i come from every warp
-                        clear_q(dq_frag)
-                        acc_q(sm, udS, uK, uBN, dq_frag, warp, lane)   # dQ_i += dS_i K
-                        add_q(dq, bh, m0, nq, d, dq_frag, scale, warp, lane)
-                elif TC:
+                dot_rows(sm, uK, uQ, s, ty, tx)        # S^T[j, i], summed as the forward did
+                dot_rows(sm, uV, udO, dp, ty, tx)      # dP^T[j, i]
+                for a in range(TA):
+                    jl = ty + U(a) * uTY
+                    j = n0 + jl
+                    for b in range(TB):
+                        il = tx + U(b) * uTX
+                        i = m0 + il
+                        p = recompute_p(s[a, b], sm[uL + il], i, j, nq, nk)
+                        sm[uPT + jl * uWR + il] = p
+                        ds = p * (dp[a, b] - sm[uDv + il])
+                        sm[udST + jl * uWR + il] = ds
+                        if DQ_ATOMIC:
+                            sm[udS + il * uSR + jl] = ds
+                if TC:
                     # a warp's fragments take rows of P^T, dS^T (and dS) from other warps
                     cuda.syncthreads()
                     acc_kv(sm, uPT, udO, uBM, dv_frag, warp, lane)     # dV += P^T dO
@@ -613,36 +536,31 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
 
 
 def prefetch_by_default(dtype, dq_atomic):
-    """Whether run_backward prefetches when not told: float32 with dQ by atomics (fa2-atomic).
-    `numba-flash tune` on an H200 (2026-11-29, three runs, N = 1k and 2k, default tiles): d = 128
-    +4-8 % (N = 2k: 24.5 against 22.9 TFLOP/s, and 23.9 against 22.5), d = 64 -1 to +3 %
-    (N = 1k: 23.3 against 22.6; 2k: 25.4 against 25.1, and 25.3 against 25.4). The fa2 backward
+    """Whether run_backward prefetches when not told: float32 with dQ by atomics (fa2-atomic),
+    where `numba-flash tune` on an H200 (three runs, N = 1k and 2k, default tiles) timed it
+    faster at d = 128 and level at d = 64 (figures in docs/performance.md). The fa2 backward
     and float64 were not timed with it."""
     return np.dtype(dtype) == np.float32 and bool(dq_atomic)
 
 
 def tensor_cores_by_default(dtype, dq_atomic):
     """run_backward's tensor_cores when not told: None (where they can run) in float32 with dQ
-    by atomics (fa2-atomic), False elsewhere. Timed on an H200 (2026-11-29,
-    tests/ab_tensor_cores.py, N = 1k / 2k, two runs of two rounds each, against the FFMA
-    products, TFLOP/s): d = 64 22.8-23.9 against 22.2-22.6 and 27.2-27.4 against 25.9-26.2;
-    d = 128 21.1-22.0 against 21.2-22.0 and 24.5-24.8 against 24.0-24.3: a tie to 6 % ahead,
-    never behind by more than the noise. The fa2 backward and float64 have no tensor-core
-    path timed (float64 has none)."""
+    by atomics (fa2-atomic), False elsewhere. Timed on an H200 (tests/ab_tensor_cores.py,
+    N = 1k / 2k, against the FFMA products): a tie to a few per cent ahead at d = 64 and 128,
+    never behind by more than the noise (figures in docs/performance.md). The fa2 backward and
+    float64 have no tensor-core path timed (float64 has none)."""
     return None if np.dtype(dtype) == np.float32 and bool(dq_atomic) else False
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None,
-                 prefetch=None, tensor_cores="default", dp_tensor_cores=False,
-                 p_in_registers=None):
+                 prefetch=None, tensor_cores="default"):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
     backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
     "fa2-atomic" variant, which the API replaces by "fa2" when deterministic=True);
     vector_atomics (with dq_atomic only), prefetch (None: prefetch_by_default), tensor_cores
-    ("default": tensor_cores_by_default), dp_tensor_cores, p_in_registers: see
-    make_dkdv_kernel."""
+    ("default": tensor_cores_by_default): see make_dkdv_kernel."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -656,8 +574,7 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), dtype)
     run_preprocess(dout, out, D, dq, clear=atomic)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic,
-                                 vector_atomics if atomic else False, prefetch, tensor_cores,
-                                 dp_tensor_cores, p_in_registers)
+                                 vector_atomics if atomic else False, prefetch, tensor_cores)
     dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq, scale, heads,
                                             group)
     if not atomic:

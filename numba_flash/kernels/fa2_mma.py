@@ -3,10 +3,6 @@ over its warps in mma fragments (mma.py), each product float32-accurate by the 3
 
     accumulate(sm, w_off, x_off, length, acc, warp, lane)
         acc += W[rows, 0:length] X[0:length, cols]        (dV += P^T dO, dK += dS^T Q, dQ += dS K)
-    accumulate_t(...)   the same with X stored transposed, X[k, c] at c * X_ROW + k  (dP^T = V dO^T)
-    dot(sm, a_off, b_off, length, acc, warp, lane)
-        acc = W[rows, 0:length] X[cols, 0:length]^T by FFMA in the forward's order (S^T = K Q^T)
-    mma_from_fragments(...)   acc += A X with A the warp's own fragments (P^T, dS^T in registers)
 
 W and X live in one shared array, both row-major, W rows W_ROW apart, X rows X_ROW apart. Warp
 `warp` owns MT x NT fragments: row tiles of 16 starting at (warp // WN) * 16 * MT, column tiles of
@@ -16,10 +12,7 @@ row row(mt, e), column col(nt, e) (see `position`). length % 8 == 0.
 Accuracy: each 8-long step of the contraction is summed on the tensor core from zero, as
 A_big B_big + A_big B_small + A_small B_big (mma.split_tf32), and only then added into acc with a
 float32 add. Chaining the mma's accumulator across steps instead lets the tensor core's
-truncating additions pile up: on an H200 (2026-11-29, tests/mma_probe.py, 16 x 8 outputs, 20
-draws each of normal, all-positive, one-dominant-term and offset inputs) the largest error was
-0.9-4.3 units of roundoff of sum |a b| per step from zero, 6.5-28 chained, 0.6-3.5 for NumPy's
-float32 matmul, and 1,600-3,600 for one plain TF32 product.
+truncating additions pile up (the errors measured on an H200 both ways: docs/performance.md).
 
 On the simulator (no warp-wide mma) each lane computes its own fragment entries from shared
 memory with the NumPy model of a step (reference.precision.step_3xtf32: the same split, each
@@ -34,7 +27,7 @@ from numba import cuda, float32
 from reference.precision import step_3xtf32
 
 from .support import SIMULATOR, U
-from .fa2_tiles import CHUNK, DEVICE
+from .fa2_tiles import DEVICE
 from .mma import split_tf32
 from .vector_io import add2
 
@@ -83,19 +76,16 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
     def origin(warp):
         return (warp // uWN) * uMT * U(MMA_M), (warp % uWN) * uNT * U(MMA_N)
 
-    def accumulator(transposed):
-        """accumulate, or with transposed accumulate_t, whose X is stored transposed (both
-        operands row-major along the contraction, as in S^T = K Q^T and dP^T = V dO^T):
-        X[k, c] at x_off + c * X_ROW + k."""
-        XK, XC = (1, X_ROW) if transposed else (X_ROW, 1)       # X's strides along k and c
+    def accumulator():
+        """accumulate (X row-major: X[k, c] at x_off + k * X_ROW + c)."""
+        XK, XC = X_ROW, 1                                       # X's strides along k and c
         # The step's 8 contraction indices fill the fragments' slots t and t + 4 (any order
-        # is the same product if W and X agree on it). Row-major X: indices k + 2t and
-        # k + 2t + 1, so that a warp's loads of one X row (rows 4 more than a multiple of 32
-        # banks apart) hit 32 distinct banks (in the fragments' order, k + t, they were 2-way
-        # conflicts: 22 % of the shared wavefronts in ncu, d = 64), at the price of 2-way
-        # conflicts on W's fewer loads. Transposed X: the fragments' own order, k + t and
-        # k + t + 4, which puts lanes (g, t) on banks 4g + t, all distinct, for W and X alike.
-        KS, KH = (1, 4) if transposed else (2, 1)
+        # is the same product if W and X agree on it): indices k + 2t and k + 2t + 1, so that
+        # a warp's loads of one X row (rows 4 more than a multiple of 32 banks apart) hit 32
+        # distinct banks (in the fragments' order, k + t, they were 2-way conflicts: 22 % of
+        # the shared wavefronts in ncu, d = 64), at the price of 2-way conflicts on W's fewer
+        # loads.
+        KS, KH = 2, 1
         uXK, uXC, uKS, uKH = U(XK), U(XC), U(KS), U(KH)
 
         if SIMULATOR:
@@ -144,52 +134,7 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
                 k += U(MMA_K)
         return accumulate
 
-    accumulate, accumulate_t = accumulator(False), accumulator(True)
-
-    if SIMULATOR:
-        @cuda.jit(**DEVICE)
-        def dot(sm, a_off, b_off, length, acc, warp, lane):
-            row0, col0 = origin(warp)
-            for mt in range(MT):
-                for nt in range(NT):
-                    for e in range(4):
-                        r, c = position(row0, col0, mt, nt, e, lane)
-                        a0, b0 = int(a_off) + int(r) * W_ROW, int(b_off) + int(c) * X_ROW
-                        total = sm[a0] * sm[b0]            # as the FMA chain of tile_products,
-                        for kk in range(1, int(length)):   # each term rounded (no FMA here)
-                            total += sm[a0 + kk] * sm[b0 + kk]
-                        acc[mt, nt, e] = total
-    else:
-        @cuda.jit(**DEVICE)
-        def dot(sm, a_off, b_off, length, acc, warp, lane):
-            # tile_products.dot_rows's sum (from zero, index ascending, one FMA per term, rows
-            # read 16 bytes at a time) at the fragments' positions: rows g, g + 8 of each row
-            # tile against columns 2t, 2t + 1 of each column tile
-            row0, col0 = origin(warp)
-            g, t = lane // U(4), lane % U(4)
-            aa = cuda.local.array((MT, 2, CHUNK), float32)
-            bb = cuda.local.array((2, CHUNK), float32)
-            for mt in range(MT):
-                for nt in range(NT):
-                    for e in range(4):
-                        acc[mt, nt, e] = float32(0.0)
-            c = U(0)
-            while c < length:
-                for mt in range(MT):
-                    for h in range(2):
-                        base = a_off + (row0 + U(mt) * U(MMA_M) + g + U(8 * h)) * uWR + c
-                        for i in range(CHUNK):
-                            aa[mt, h, i] = sm[base + U(i)]
-                for nt in range(NT):
-                    for h in range(2):
-                        base = b_off + (col0 + U(nt) * U(MMA_N) + U(2) * t + U(h)) * uXR + c
-                        for i in range(CHUNK):
-                            bb[h, i] = sm[base + U(i)]
-                    for mt in range(MT):
-                        for e in range(4):
-                            for i in range(CHUNK):
-                                acc[mt, nt, e] += aa[mt, e // 2, i] * bb[e % 2, i]
-                c += U(CHUNK)
+    accumulate = accumulator()
 
     def writer(atomic, pairs=False):
         @cuda.jit(**DEVICE)
@@ -221,71 +166,6 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
                 for e in range(4):
                     acc[mt, nt, e] = float32(0.0)
 
-    return dict(accumulate=accumulate, accumulate_t=accumulate_t, dot=dot, origin=origin,
-                store=writer(False), add=writer(True), add_pairs=writer(True, pairs=True),
-                clear=clear, shape=(MT, NT, 4))
+    return dict(accumulate=accumulate, store=writer(False), add=writer(True),
+                add_pairs=writer(True, pairs=True), clear=clear, shape=(MT, NT, 4))
 
-
-def rows_per_warp(rows, warps):
-    """Whether warp_grid gives each warp whole rows of a rows-row tile (WN = 1), whatever its
-    columns: then a warp's fragments of one tile can be the A operand of the next product."""
-    return rows % MMA_M == 0 and (rows // MMA_M) % warps == 0
-
-
-@functools.lru_cache(maxsize=None)
-def mma_from_fragments(rows, length, cols, warps, X_ROW):
-    """accumulate_regs(sm, frag, x_off, acc, warp, lane): acc += A X for a rows x cols acc tile
-    (mma_products(rows, cols, warps, ...)'s layout) where A, rows x length, is held in the warp's
-    own fragments `frag` of mma_products(rows, length, warps, ...) (the P^T and dS^T tiles the
-    dK/dV kernel forms in registers) and X is row-major in shared memory, rows X_ROW apart.
-    Needs rows_per_warp(rows, warps): then a warp's rows of A are its rows of acc, and the
-    fragment entries of A's column tile ks, (g, 2t), (g, 2t + 1), (g + 8, 2t), (g + 8, 2t + 1),
-    are the A operand of contraction step ks in accumulate's order k + 2t (slots t, t + 4): the
-    same sums as accumulate on A stored in shared memory, without storing it. GPU only (on the
-    simulator a lane cannot read its warp's registers: the kernel goes through shared memory)."""
-    if not rows_per_warp(rows, warps):
-        raise ValueError(f"{warps} warps do not each own whole rows of a {rows}-row tile")
-    _, _, MT, NT = warp_grid(rows, cols, warps)
-    KT = warp_grid(rows, length, warps)[3]
-    uXR = U(X_ROW)
-    zero = float32(0.0)
-
-    # One device function per contraction step ks, each calling the next: frag[mt, ks, e] must
-    # be indexed by constants to stay in registers, and LLVM did not unroll a loop over ks with
-    # this body (the fragments went to local memory: 151 local loads and stores in the PTX)
-    @cuda.jit(**DEVICE)
-    def done(sm, frag, x_off, acc, g, t):
-        pass
-
-    def step_from(ks, then):
-        k0 = U(ks * MMA_K)
-
-        @cuda.jit(**DEVICE)
-        def step_ks(sm, frag, x_off, acc, g, t):
-            for mt in range(MT):
-                a0, s0 = split_tf32(frag[mt, ks, 0])
-                a1, s1 = split_tf32(frag[mt, ks, 2])
-                a2, s2 = split_tf32(frag[mt, ks, 1])
-                a3, s3 = split_tf32(frag[mt, ks, 3])
-                big, small = (a0, a1, a2, a3), (s0, s1, s2, s3)
-                for nt in range(NT):
-                    x0 = x_off + (k0 + U(2) * t) * uXR + U(nt * MMA_N) + g
-                    b0, r0 = split_tf32(sm[x0])
-                    b1, r1 = split_tf32(sm[x0 + uXR])
-                    step = mma_tf32(small, (b0, b1), (zero, zero, zero, zero))
-                    step = mma_tf32(big, (r0, r1), step)
-                    step = mma_tf32(big, (b0, b1), step)
-                    for e in range(4):
-                        acc[mt, nt, e] += step[e]
-            then(sm, frag, x_off, acc, g, t)
-        return step_ks
-
-    steps = done
-    for ks in reversed(range(KT)):
-        steps = step_from(ks, steps)
-
-    @cuda.jit(**DEVICE)
-    def accumulate_regs(sm, frag, x_off, acc, warp, lane):
-        steps(sm, frag, x_off, acc, lane // U(4), lane % U(4))
-
-    return accumulate_regs

@@ -76,11 +76,10 @@ def shared_bytes(block_m, block_n, head_dim, item, threads=None):
 
 
 def default_blocks(head_dim, dtype):
-    """(block_m, block_n), chosen by `numba-flash tune` on an H200 (2026-11-29, N = 2048,
-    float32): d = 64 ran 28.2 TFLOP/s with (128, 128), d = 128 30.6 with (128, 64), both with
-    16 x 16 threads and the prefetch; smaller tiles for larger d and for float64. (At N = 1k,
-    d = 64, (128, 64) without the prefetch ran 27.4 against 25.1 in one tune and 25.2 against
-    26.3 in the next, 15 minutes later: within the noise, so the default stayed.)"""
+    """(block_m, block_n), chosen by `numba-flash tune` on an H200 (float32): (128, 128) at
+    d = 64, (128, 64) at d = 128, both with 16 x 16 threads and the prefetch; smaller tiles for
+    larger d and for float64 (figures in docs/performance.md, "Figures that were in the kernel
+    docstrings")."""
     item = np.dtype(dtype).itemsize
     if item == 4:
         choices = ((64, 32),) if head_dim <= 16 else ((64, 64),) if head_dim <= 32 else \
@@ -95,11 +94,9 @@ def default_blocks(head_dim, dtype):
 
 def vector_loads_by_default(head_dim, dtype):
     """Whether vector_loads=None (the default) means the vector path: float32 with
-    64 < d <= 128 and d % 4 == 0, where `numba-flash tune` timed it faster on an H200
-    (2026-11-29, d = 128, 128 x 64 tiles, prefetch on: vector loads alone 29.1 against 28.4
-    TFLOP/s at N = 1k and 32.3 against 30.6 at N = 2k; with the vector O store too, 29.5
-    against 28.3 at N = 1k); at d = 64 it was slower in both tunes (128 x 128: 24.7 against
-    25.1, then 23.9 against 26.3 at N = 1k), elsewhere untimed."""
+    64 < d <= 128 and d % 4 == 0, where `numba-flash tune` timed it faster on an H200 (d = 128,
+    128 x 64 tiles, prefetch on, with and without the vector O store); at d = 64 it was slower
+    in both tunes, elsewhere untimed (figures in docs/performance.md)."""
     return np.dtype(dtype).itemsize == 4 and 64 < head_dim <= 128 and head_dim % VECTOR == 0
 
 
