@@ -1,3 +1,19 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
 # %% [markdown]
 # # 2. Softmax three ways
 #
@@ -6,11 +22,31 @@
 # keeping a running max m and a running sum l rescaled by exp(m_old − m_new) whenever m grows.
 
 # %%
+import pathlib
+import sys
+
 import matplotlib.pyplot as plt
 import numpy as np
 
 import reference as ref
 
+# In Jupyter the figures show inline; run as a plain script (python notebooks/02_softmax.py,
+# from any folder) they are saved as PNG in notebooks/figures/ instead.
+SCRIPT = "ipykernel" not in sys.modules and not hasattr(sys, "ps1")
+plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 100})
+
+
+def show(fig, name):
+    if not SCRIPT:
+        return plt.show()
+    path = pathlib.Path(__file__).resolve().parent / "figures" / f"{pathlib.Path(__file__).stem}-{name}.png"
+    path.parent.mkdir(exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    print("saved", path)
+
+
+# %%
 x = (np.random.default_rng(0).standard_normal((1, 64)) * 30 + np.linspace(0, 120, 64)).astype(np.float32)
 naive, safe, online = ref.naive_softmax(x), ref.safe_softmax(x), ref.online_softmax(x, block_n=8)
 print("naive has NaN:", np.isnan(naive).any(), "| safe sums to", safe.sum(), "| online - safe:",
@@ -25,10 +61,10 @@ ms, ls = [], []
 for j in range(1, x.shape[1] + 1):
     m, l = ref.online_softmax_stats(x[:, :j])
     ms.append(float(m[0])), ls.append(float(l[0]))
-fig, (a1, a2) = plt.subplots(2, 1, sharex=True)
+fig, (a1, a2) = plt.subplots(2, 1, sharex=True, figsize=(6, 4))
 a1.plot(ms, marker="."), a1.set_ylabel("running max m")
 a2.plot(ls, marker="."), a2.set_ylabel("running sum l"), a2.set_xlabel("elements seen")
-plt.show()
+show(fig, "running-stats")
 
 # %% [markdown]
 # **Check the claim.**

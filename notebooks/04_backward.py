@@ -1,18 +1,59 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
 # %% [markdown]
 # # 4. Backward: D, recomputed P, and gradients
 #
 # **Claim.** The backward needs only q, k, v, out and lse: P is recomputed as exp(S − lse), and
 # D_i = rowsum(dO∘O)_i equals Σ_j P_ij dP_ij, so dS = P∘(dP − D) never needs a full row of P at
-# once. The kernel's dq, dk, dv match float64 truth within 3× NumPy's error, and in float64 they
-# match central finite differences.
+# once. Every registered kernel pair (`rowwise`, `tiled`, `fa2`, `wgmma`; the forward and the
+# backward of one name, which forms S as its forward did) gives dq, dk, dv that match float64
+# truth within the tolerance rule (3× NumPy's same-precision error), in float32 and float64
+# (`wgmma`: float32 only); and in float64 the gradients match central finite differences.
+#
+# On the CUDA simulator the case is tiny (GQA, causal, Nq = 13, Nk = 17, d = 8), `wgmma`
+# included: its Hopper tensor-core products are NumPy models there, the slowest pair to run.
 
 # %%
+import pathlib
+import sys
+
+import matplotlib.pyplot as plt
 import numpy as np
 
 import numba_flash
-from numba_flash import flash_attention_backward, flash_attention_forward
-from numba_flash.testing import Case, check_backward
 import reference as ref
+from numba_flash import flash_attention_backward, flash_attention_forward, registry
+from numba_flash.testing import Case, check_backward
+
+# In Jupyter the figures show inline; run as a plain script (python notebooks/04_backward.py,
+# from any folder) they are saved as PNG in notebooks/figures/ instead.
+SCRIPT = "ipykernel" not in sys.modules and not hasattr(sys, "ps1")
+plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 100})
+
+
+def show(fig, name):
+    if not SCRIPT:
+        return plt.show()
+    path = pathlib.Path(__file__).resolve().parent / "figures" / f"{pathlib.Path(__file__).stem}-{name}.png"
+    path.parent.mkdir(exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    print("saved", path)
+
 
 SIM = numba_flash.SIMULATOR
 case = Case("demo", 1, 2, 1, 13, 17, 8, causal=True) if SIM else Case("demo", 2, 8, 2, 513, 700, 64, causal=True)
@@ -32,20 +73,33 @@ print("P from lse vs softmax:", np.abs(P_recomputed - ref.safe_softmax(S)).max()
       "| D two ways:", np.abs(D_rowsum - D_pdp).max())
 
 # %% [markdown]
-# The kernels against truth, in both precisions.
+# Every pair against truth, in each precision it runs (`can_run`; no fallback here), as a
+# fraction of what the tolerance rule allows.
 
 # %%
+here = registry.current_device()
 results = {}
-for dtype in (np.float32, np.float64):
-    qd, kd, vd, dod = case.inputs(dtype)
-    o, l = flash_attention_forward(qd, kd, vd, causal=True)
-    grads = flash_attention_backward(dod, qd, kd, vd, o, l, causal=True)
-    results[np.dtype(dtype).name] = check_backward(dod, qd, kd, vd, *grads, causal=True)
-    for c in results[np.dtype(dtype).name]:
-        print(np.dtype(dtype).name, c)
+for name, pair in registry.PAIRS.items():
+    for dtype in (np.float32, np.float64):
+        if not pair.can_run(case.d, dtype, here):
+            continue
+        qd, kd, vd, dod = case.inputs(dtype)
+        o, l = flash_attention_forward(qd, kd, vd, causal=True, kernel=name)
+        grads = flash_attention_backward(dod, qd, kd, vd, o, l, causal=True, kernel=name)
+        results[(name, np.dtype(dtype).name)] = check_backward(dod, qd, kd, vd, *grads, causal=True)
+        for c in results[(name, np.dtype(dtype).name)]:
+            print(f"{name:8} {np.dtype(dtype).name}  {c}")
+fig, ax = plt.subplots(figsize=(7, 3.5))
+labels = [f"{name}\n{dt}" for name, dt in results]
+for i, grad in enumerate(("dq", "dk", "dv")):
+    ax.bar(np.arange(len(results)) + (i - 1) * 0.27, [cs[i].max_err / cs[i].allowed for cs in results.values()],
+           width=0.27, label=grad)
+ax.axhline(1.0, color="k", lw=0.8), ax.set_xticks(range(len(results)), labels, fontsize=8)
+ax.set_yscale("log"), ax.set_ylabel("error / allowed"), ax.legend(fontsize=8)
+show(fig, "gradient-error")
 
 # %% [markdown]
-# Finite differences on a few entries (float64 kernel), loss = Σ out∘W.
+# Finite differences on a few entries (float64, the default kernel `"auto"`), loss = Σ out∘W.
 
 # %%
 small = Case("fd", 1, 2, 1, 5, 7, 3, causal=True)
@@ -71,6 +125,8 @@ print("largest |finite difference - kernel gradient|:", fd_err)
 # %%
 assert np.allclose(P_recomputed, ref.safe_softmax(S), atol=1e-14)
 assert np.abs(D_rowsum - D_pdp).max() < 1e-12
+assert {name for name, _ in results} == {name for name, pair in registry.PAIRS.items()
+                                         if pair.can_run(case.d, np.float32, here)}, results
 assert all(c.ok for cs in results.values() for c in cs)
 assert fd_err < 1e-7
 print("claim holds")

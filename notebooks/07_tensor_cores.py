@@ -1,3 +1,19 @@
+# ---
+# jupyter:
+#   jupytext:
+#     cell_metadata_filter: -all
+#     formats: ipynb,py:percent
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
 # %% [markdown]
 # # 7. Float32 accuracy from TF32 tensor cores
 #
@@ -9,22 +25,44 @@
 # as `numba_flash/kernels/fa2_mma.py` does, the error stays within a few u of Σ|a b|, like NumPy's
 # float32 matmul, at every contraction length. These are NumPy models (`reference/precision.py`);
 # on an H200, where the tensor core truncates while it adds, the kernel's sums measured 0.9–4.3 u
-# (`tests/mma_probe.py`, README "Tensor cores, first step").
+# (`tests/mma_probe.py`; [docs/performance.md](../docs/performance.md)).
 #
-# **Claim 2 (for the next kernel).** The fa2 kernels form the logits S = Q K^T one FMA per
-# term in head-dim order; that order's error reaches 9–13 u of Σ|q k| where the terms do not
-# cancel (all positive, one dominant term; d = 64 and 128), while the 3xTF32 steps stay within
-# ~5 u. So S on tensor cores would be no less accurate than S now, in every regime here. But it
-# is a different S: |S_3xTF32 − S_FMA| reaches ~14 u of Σ|q k|, over three times the 4 u (twice
-# the forward's logit allowance, `testing/tolerance.py`) that the tolerance rule lets P move by. The backward recomputes
-# P = exp(S − lse) from the forward's lse, so only a forward and backward that both form S the
-# same way keep P exact: tensor cores for S in both, or in neither.
+# **Claim 2 (why kernels come in pairs).** The `fa2` pair forms the logits S = Q K^T one FMA
+# per term in head-dim order, in its forward and again in its backward; the `wgmma` pair forms
+# them in 3xTF32 steps on the tensor cores, in both. The FMA order's error reaches 9–13 u of
+# Σ|q k| where the terms do not cancel (all positive, one dominant term; d = 64 and 128), while
+# the 3xTF32 steps stay within ~5 u: S on tensor cores is no less accurate, in every regime
+# here. But it is a different S: |S_3xTF32 − S_FMA| reaches ~14 u of Σ|q k|, over three times
+# the 4 u (twice the forward's logit allowance, `numba_flash/testing/tolerance.py`) that the
+# tolerance rule lets P move by. The backward recomputes P = exp(S − lse) from the forward's
+# lse, so only a forward and a backward that form S the same way keep P exact: that is why
+# `numba_flash.registry` registers a forward with its backward as one pair, and why the same
+# `kernel=` name goes to both calls.
 
 # %%
+import pathlib
+import sys
+
 import matplotlib.pyplot as plt
 import numpy as np
 
 import reference as ref
+
+# In Jupyter the figures show inline; run as a plain script (python notebooks/07_tensor_cores.py,
+# from any folder) they are saved as PNG in notebooks/figures/ instead.
+SCRIPT = "ipykernel" not in sys.modules and not hasattr(sys, "ps1")
+plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 100})
+
+
+def show(fig, name):
+    if not SCRIPT:
+        return plt.show()
+    path = pathlib.Path(__file__).resolve().parent / "figures" / f"{pathlib.Path(__file__).stem}-{name}.png"
+    path.parent.mkdir(exist_ok=True)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)
+    print("saved", path)
+
 
 U = 2.0 ** -24
 rng = np.random.default_rng(0)
@@ -67,7 +105,7 @@ for ax, r in zip(axes, regimes):
     ax.set_xlabel("contraction length K")
 axes[0].set_ylabel("max error / (u Σ|ab|)")
 axes[0].legend(fontsize=7)
-plt.show()
+show(fig, "error-vs-length")
 
 # %% [markdown]
 # The logits, S = Q K^T for 64 queries and 64 keys, in the kernels' FMA order and as 3xTF32
