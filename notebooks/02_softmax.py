@@ -22,29 +22,13 @@
 # keeping a running max m and a running sum l rescaled by exp(m_old − m_new) whenever m grows.
 
 # %%
-import pathlib
-import sys
 
 import matplotlib.pyplot as plt
 import numpy as np
 
 import reference as ref
 
-# In Jupyter the figures show inline; run as a plain script (python notebooks/02_softmax.py,
-# from any folder) they are saved as PNG in notebooks/figures/ instead.
-SCRIPT = "ipykernel" not in sys.modules and not hasattr(sys, "ps1")
-plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 100})
-
-
-def show(fig, name):
-    if not SCRIPT:
-        return plt.show()
-    path = pathlib.Path(__file__).resolve().parent / "figures" / f"{pathlib.Path(__file__).stem}-{name}.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    print("saved", path)
-
+from numba_flash.notebook import show  # inline in Jupyter; saved to figures/ as a script
 
 # %%
 x = (np.random.default_rng(0).standard_normal((1, 64)) * 30 + np.linspace(0, 120, 64)).astype(np.float32)

@@ -30,8 +30,6 @@
 # (float32, d ≤ 128; on a GPU other than sm_90 it falls back to `fa2`).
 
 # %%
-import pathlib
-import sys
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -41,21 +39,7 @@ import reference as ref
 from numba_flash import flash_attention_forward, registry
 from numba_flash.testing import Case, check_forward
 
-# In Jupyter the figures show inline; run as a plain script (python notebooks/03_forward.py,
-# from any folder) they are saved as PNG in notebooks/figures/ instead.
-SCRIPT = "ipykernel" not in sys.modules and not hasattr(sys, "ps1")
-plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 100})
-
-
-def show(fig, name):
-    if not SCRIPT:
-        return plt.show()
-    path = pathlib.Path(__file__).resolve().parent / "figures" / f"{pathlib.Path(__file__).stem}-{name}.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    print("saved", path)
-
+from numba_flash.notebook import show  # inline in Jupyter; saved to figures/ as a script
 
 SIM = numba_flash.SIMULATOR
 Ns = [7, 19, 33] if SIM else [64, 257, 1023, 2049]

@@ -28,8 +28,6 @@
 # included: its Hopper tensor-core products are NumPy models there, the slowest pair to run.
 
 # %%
-import pathlib
-import sys
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -39,21 +37,7 @@ import reference as ref
 from numba_flash import flash_attention_backward, flash_attention_forward, registry
 from numba_flash.testing import Case, check_backward
 
-# In Jupyter the figures show inline; run as a plain script (python notebooks/04_backward.py,
-# from any folder) they are saved as PNG in notebooks/figures/ instead.
-SCRIPT = "ipykernel" not in sys.modules and not hasattr(sys, "ps1")
-plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 100})
-
-
-def show(fig, name):
-    if not SCRIPT:
-        return plt.show()
-    path = pathlib.Path(__file__).resolve().parent / "figures" / f"{pathlib.Path(__file__).stem}-{name}.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    print("saved", path)
-
+from numba_flash.notebook import show  # inline in Jupyter; saved to figures/ as a script
 
 SIM = numba_flash.SIMULATOR
 case = Case("demo", 1, 2, 1, 13, 17, 8, causal=True) if SIM else Case("demo", 2, 8, 2, 513, 700, 64, causal=True)

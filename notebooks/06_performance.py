@@ -34,43 +34,11 @@
 
 # %%
 import json
-import pathlib
-import sys
 
 import matplotlib.pyplot as plt
 
-import reference as ref
 
-# In Jupyter the figures show inline; run as a plain script (python notebooks/06_performance.py,
-# from any folder) they are saved as PNG in notebooks/figures/ instead.
-SCRIPT = "ipykernel" not in sys.modules and not hasattr(sys, "ps1")
-plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 100})
-
-
-def show(fig, name):
-    if not SCRIPT:
-        return plt.show()
-    path = pathlib.Path(__file__).resolve().parent / "figures" / f"{pathlib.Path(__file__).stem}-{name}.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    print("saved", path)
-
-
-def data_file(name):
-    """notebooks/data/<name>, looked for above this notebook's folder, the current folder and
-    the checkout `reference` is imported from: the notebook runs from any folder."""
-    starts = [pathlib.Path.cwd(), pathlib.Path(ref.__file__).resolve().parent]
-    if SCRIPT:
-        starts.insert(0, pathlib.Path(__file__).resolve().parent)
-    for start in starts:
-        for folder in (start, *start.parents):
-            for path in (folder / "data" / name, folder / "notebooks" / "data" / name):
-                if path.is_file():
-                    return path
-    raise FileNotFoundError(f"notebooks/data/{name} (install numba-flash from its checkout: "
-                            "pip install -e '.[notebooks]')")
-
+from numba_flash.notebook import data_file, show  # inline in Jupyter; saved to figures/ as a script
 
 final = json.loads(data_file("bench-h200-2026-12-02-final.json").read_text())
 records = final["records"]

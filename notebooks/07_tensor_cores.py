@@ -40,29 +40,13 @@
 # `kernel=` name goes to both calls.
 
 # %%
-import pathlib
-import sys
 
 import matplotlib.pyplot as plt
 import numpy as np
 
 import reference as ref
 
-# In Jupyter the figures show inline; run as a plain script (python notebooks/07_tensor_cores.py,
-# from any folder) they are saved as PNG in notebooks/figures/ instead.
-SCRIPT = "ipykernel" not in sys.modules and not hasattr(sys, "ps1")
-plt.rcParams.update({"figure.dpi": 90, "savefig.dpi": 100})
-
-
-def show(fig, name):
-    if not SCRIPT:
-        return plt.show()
-    path = pathlib.Path(__file__).resolve().parent / "figures" / f"{pathlib.Path(__file__).stem}-{name}.png"
-    path.parent.mkdir(exist_ok=True)
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-    print("saved", path)
-
+from numba_flash.notebook import show  # inline in Jupyter; saved to figures/ as a script
 
 U = 2.0 ** -24
 rng = np.random.default_rng(0)
