@@ -89,5 +89,5 @@ def test_gpu_warpgroup_product_is_float32_accurate(n):
     A, B, D = run_product(n, 16)
     truth = A.astype(np.float64) @ B.astype(np.float64).T
     scale = 2.0 ** -24 * (np.abs(A).astype(np.float64) @ np.abs(B).astype(np.float64).T)
-    assert np.max(np.abs(D - truth) / scale) < 6      # tests/wgmma_probe.py: 2.2-3.9
+    assert np.max(np.abs(D - truth) / scale) < 6      # tools/wgmma_probe.py: 2.2-3.9
     assert np.max(np.abs(D - ref.matmul_3xtf32(A, B.T)) / scale) < 6

@@ -545,7 +545,7 @@ def prefetch_by_default(dtype, dq_atomic):
 
 def tensor_cores_by_default(dtype, dq_atomic):
     """run_backward's tensor_cores when not told: None (where they can run) in float32 with dQ
-    by atomics (fa2-atomic), False elsewhere. Timed on an H200 (tests/ab_tensor_cores.py,
+    by atomics (fa2-atomic), False elsewhere. Timed on an H200 (tests/ab_tensor_cores.py, now tools/ab.py,
     N = 1k / 2k, against the FFMA products): a tie to a few per cent ahead at d = 64 and 128,
     never behind by more than the noise (figures in docs/performance.md). The fa2 backward and
     float64 have no tensor-core path timed (float64 has none)."""

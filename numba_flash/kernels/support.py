@@ -64,7 +64,7 @@ def inlined_device_function(fn):
     """device_function, inlined into its caller on a GPU (forceinline): for helpers called with
     constant indices into the caller's local arrays, which stay in registers only when every
     index is a constant after inlining (LLVM does not unroll a loop whose body holds a wgmma,
-    so such loops are written out as calls; forward_wgmma)."""
+    so such loops are written out as calls; sm90/forward.py)."""
     return fn if SIMULATOR else cuda.jit(device=True, forceinline=True)(fn)
 
 

@@ -58,7 +58,7 @@ def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False,
     (transposed: over the rows).
     permuted (with transposed): within each 8-group of the contraction, position k holds row
     2 (k % 4) + k // 4, so that a C fragment is a register A fragment against this tile
-    (forward_wgmma: O += P V with V^T so staged). loads: stage's batch of global loads in
+    (sm90.forward: O += P V with V^T so staged). loads: stage's batch of global loads in
     flight (a divisor of 32). per_warpgroup: stage runs in a block of several warpgroups, each
     staging its own tiles (thread index taken modulo 128; a separate option because that
     one instruction moved ptxas's allocation of the timed one-warpgroup forward, 170 -> 188
@@ -192,7 +192,7 @@ def transposed_fragment_chain_paired(sm, at, s, warp, lane):
 
 def make_global_fragment(transposed, split=True):
     """global_fragment (below); split=False: its four elements as loaded (times mult), to be
-    split later by split_fragment (backward_wgmma_wide loads a step ahead of its use)."""
+    split later by split_fragment (sm90.backward loads a step ahead of its use)."""
     @device_function
     def element(src, head, row0, r, c, mult, n, d):
         if transposed:                         # X^T[r, c] = src[row0 + c, r]

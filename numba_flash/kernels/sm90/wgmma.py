@@ -1,8 +1,7 @@
 """Hopper warpgroup products (wgmma, sm_90a) for Numba kernels: TF32 operands in shared memory,
 float32 accuracy by the 3xTF32 split, one warpgroup (4 consecutive warps, 128 threads, the
-first warp's index a multiple of 4) per product. Used by kernels/forward_wgmma.py and
-kernels/backward_wgmma.py, registered as the "wgmma" forward and backward
-(notebooks/data/perf-notes.md, versions 13 and 14).
+first warp's index a multiple of 4) per product. Used by sm90/forward.py, backward.py
+and dq.py, the registered "wgmma" pair (docs/performance.md, perf notes versions 13 and 14).
 
 Layout. wgmma reads TF32 operands from shared memory only K-major, as "core matrices" of 8 rows
 x 16 bytes (8 x 4 TF32). Here a rows x K tile puts each core matrix's rows next to each other
@@ -39,7 +38,7 @@ float offsets into the shared array sm (multiples of 32):
 Kernels add the steps of step_* (or the chained sums) in float32 themselves; chaining in the
 accumulator costs some accuracy (below).
 
-On an H200 (2026-11-29 and -30, tests/wgmma_probe.py, tests/test_wgmma.py): the layout and
+On an H200 (2026-11-29 and -30, tools/wgmma_probe.py, tests/test_wgmma.py): the layout and
 descriptor fields give A B^T exactly on TF32 inputs, A from registers too; wgmma m64n128k8 TF32
 runs 407-467 TFLOP/s (mma.sync m16n8k8 280-309); 3xTF32 with each step from zero errs 2.2-3.9
 units of roundoff of sum |ab| at K = 32 / 64 (NumPy float32 1.2-2.6), chained in the
@@ -192,7 +191,7 @@ else:
         """A uint32 0 from an asm block with side effects: the compiler can neither fold it nor
         move it out of a loop, so an address offset by it is loaded where it is written. For
         loop-invariant global loads LLVM would otherwise hoist out of a loop into registers
-        (forward_wgmma_wide: Q's fragments for every step, 128 registers, spilled)."""
+        (sm90.forward's wide kernel: Q's fragments for every step, 128 registers, spilled)."""
         def codegen(context, builder, sig, args):
             asm = ir.InlineAsm(ir.FunctionType(ir.IntType(32), []), "mov.u32 $0, 0;", "=r",
                                side_effect=True)
