@@ -12,7 +12,7 @@ import reference as ref
 
 from . import arrays
 from . import registry
-from .kernels.support import MAX_HEAD_DIM, ceil_div
+from .kernels.support import MAX_HEAD_DIM, ceil_div, head_grid, simulator_exclusive
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,47 @@ class Shapes:
     def group(self):
         """H / Hk: query heads that share one key head (1 without GQA)."""
         return math.prod(self.lead) // math.prod(self.kv_lead)
+
+
+# Kernels index rows with 32-bit unsigned integers and form sums such as j + Nq and
+# i + Nk: lengths stay below 2^31 so that no such sum wraps. Query heads (B*H) sit in grid
+# y and z (support.head_grid), at most 65535 * 65535 of them; kept to a signed 32-bit count.
+MAX_LENGTH = 2**31 - 1
+MAX_BATCH_HEADS = 2**31 - 1
+
+
+def as_array(name, x):
+    """x if it is an array numba-flash takes as it is (NumPy, CuPy, a Numba device array, a
+    torch tensor); any other array-like (a list, a tuple, an object with __array__) as
+    np.asarray(x) makes it, so that lists of Python floats are float64; TypeError naming the
+    argument when NumPy cannot make an array of it."""
+    if arrays.kind_of(x) != "numpy" or isinstance(x, np.ndarray):
+        return x
+    try:
+        return np.asarray(x)
+    except (TypeError, ValueError) as e:
+        raise TypeError(f"{name} must be an array or array-like, got {type(x).__name__}: "
+                        f"{e}") from None
+
+
+def _scale(d, scale, dtype):
+    """1/sqrt(d) or the given scale, as it will be in the kernels' dtype: a real number,
+    finite and positive after conversion (1e39 is inf in float32, 1e-46 is 0)."""
+    if scale is not None and (isinstance(scale, (bool, np.bool_, str, bytes))
+                              or not np.isrealobj(scale) or np.ndim(scale) != 0):
+        raise TypeError(f"scale must be a real number, got {scale!r}")
+    try:
+        scale = ref.default_scale(d, scale)   # 1/sqrt(d), or a finite positive scale
+    except (TypeError, ValueError) as e:
+        if isinstance(e, ValueError) and "finite and positive" in str(e):
+            raise
+        raise TypeError(f"scale must be a real number, got {scale!r}") from None
+    with np.errstate(over="ignore", under="ignore"):
+        converted = dtype.type(scale)
+    if not (np.isfinite(converted) and converted > 0):
+        raise ValueError(f"scale must be finite and positive in {dtype}: {scale!r} becomes "
+                         f"{converted} there")
+    return scale
 
 
 def _validate(q, k, v, scale):
@@ -79,6 +120,12 @@ def _validate(q, k, v, scale):
         raise ValueError(f"sequence lengths must be at least 1, got Nq={qs[-2]}, Nk={ks[-2]}")
     if math.prod(qs[:-2]) < 1:
         raise ValueError(f"q has an empty leading dim: {qs}")
+    if max(qs[-2], ks[-2]) > MAX_LENGTH:
+        raise ValueError(f"sequence lengths must be below 2^31, got Nq={qs[-2]}, Nk={ks[-2]} "
+                         f"(the kernels index rows with 32-bit integers)")
+    if math.prod(qs[:-2]) > MAX_BATCH_HEADS:
+        raise ValueError(f"at most 2^31 - 1 query heads (the product of q's leading dims), got "
+                         f"{math.prod(qs[:-2])}")
     devices = {name: arrays.device_of(x) for name, x in named}
     if len(set(devices.values())) > 1:
         raise ValueError("q, k, v are on different devices: "
@@ -87,10 +134,7 @@ def _validate(q, k, v, scale):
         if arrays.kind_of(x) != "numpy" and not arrays.is_c_contiguous(x):
             raise ValueError(f"{name} is a non-contiguous device array; pass a contiguous copy "
                              f"(e.g. .contiguous() in torch, cupy.ascontiguousarray)")
-    try:
-        scale = ref.default_scale(d, scale)   # 1/sqrt(d), or a finite positive scale
-    except TypeError:
-        raise TypeError(f"scale must be a real number, got {scale!r}") from None
+    scale = _scale(d, scale, dtypes["q"])
     return Shapes(qs[:-2], ks[:-2], qs[-2], ks[-2], d, dtypes["q"], scale)
 
 
@@ -113,8 +157,11 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     inputs k and v may have Hk heads, Hk dividing H (grouped-query attention). float32 or
     float64, computed in that precision; d in 1..256.
     causal masks key j for query i when j > i + (Nk - Nq) (bottom-right aligned).
-    scale defaults to 1/sqrt(d). kernel: "auto" (the fastest registered pair that can run
-    this case here: on an H200 in float32 with d <= 128 the Hopper "wgmma" pair, else "fa2")
+    Array-likes that are none of NumPy, CuPy, Numba or torch arrays (lists, tuples) are taken
+    as np.asarray takes them (lists of Python floats are float64).
+    scale defaults to 1/sqrt(d); it must be finite and positive in the inputs' dtype.
+    kernel: "auto" (the fastest registered pair that can run this case here: on an H200 in
+    float32 with d <= 128 the Hopper "wgmma" pair, else "fa2")
     or a registered name (numba_flash.registry.PAIRS; a pair that cannot run the case falls
     back as the registry says). block_m / block_n override the pair's tile sizes (ValueError
     for tiles it cannot take). Pass the same kernel to flash_attention_backward.
@@ -124,6 +171,7 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     (Nq > Nk under causal) give out = 0, lse = -inf.
     """
     causal = _flag("causal", causal)
+    q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
     p = _validate(q, k, v, scale)
     pair = registry.resolve(kernel, p.d, p.dtype)
     bm, bn = _blocks(pair.forward_tiles(p.d, p.dtype), block_m, block_n)
@@ -134,8 +182,10 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     d_v = arrays.to_device(v, (bhk, p.nk, p.d))
     d_out = arrays.empty_device((bh, p.nq, p.d), p.dtype, like=q)
     d_lse = arrays.empty_device((bh, p.nq), p.dtype, like=q)
-    grid = (ceil_div(p.nq, bm), bh)
-    launch[grid, threads](d_q, d_k, d_v, d_out, d_lse, p.dtype.type(p.scale), p.heads, p.group)
+    grid = (ceil_div(p.nq, bm), *head_grid(bh))
+    with simulator_exclusive():
+        launch[grid, threads](d_q, d_k, d_v, d_out, d_lse, p.dtype.type(p.scale), p.heads,
+                              p.group)
     return (arrays.from_device(d_out, p.lead + (p.nq, p.d), q),
             arrays.from_device(d_lse, p.lead + (p.nq,), q))
 
@@ -174,6 +224,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     """
     causal = _flag("causal", causal)
     deterministic = _flag("deterministic", deterministic)
+    q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
+    dout, out, lse = as_array("dout", dout), as_array("out", out), as_array("lse", lse)
     p = _validate(q, k, v, scale)
     device = arrays.device_of(q)
     _check_like("dout", dout, p.lead + (p.nq, p.d), p, device)
@@ -193,7 +245,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     d_dq = arrays.empty_device(qs, p.dtype, like=q)
     d_dk = arrays.empty_device(ks, p.dtype, like=q)
     d_dv = arrays.empty_device(ks, p.dtype, like=q)
-    with arrays.allocating_like(q):                 # its workspace from q's pool too
+    with arrays.allocating_like(q), simulator_exclusive():   # workspace from q's pool too
         pair.run_backward(arrays.to_device(dout, qs), arrays.to_device(q, qs),
                     arrays.to_device(k, ks), arrays.to_device(v, ks),
                     arrays.to_device(lse, (bh, p.nq)), arrays.to_device(out, qs), d_dq, d_dk,

@@ -16,7 +16,7 @@ from .bench import median_ms
 import functools
 
 from .kernels import backward, backward_fa2, forward_fa2, forward_tiled
-from .kernels.support import ceil_div
+from .kernels.support import ceil_div, head_grid
 from .testing import Case, check_backward, check_forward
 
 FORWARD_MODULES = {"tiled": forward_tiled, "fa2": forward_fa2}
@@ -77,7 +77,7 @@ def _launch_forward(cfg, q, k, v, causal=False, kernel="tiled"):
                                                             *options)
     out = arrays.empty_device(q.shape, q.dtype)
     lse = arrays.empty_device((bh, nq), q.dtype)
-    kern[(ceil_div(nq, bm), bh), tpb](q, k, v, out, lse, q.dtype.type(1 / np.sqrt(d)), 1, 1)
+    kern[(ceil_div(nq, bm), *head_grid(bh)), tpb](q, k, v, out, lse, q.dtype.type(1 / np.sqrt(d)), 1, 1)
     return out, lse
 
 

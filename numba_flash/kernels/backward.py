@@ -26,7 +26,7 @@ import numpy as np
 from numba import cuda
 
 from .support import (NEG_INF, U, ceil_div, check_block, check_head_dim, check_shared_memory,
-                     kv_head, numba_type)
+                     head_grid, head_index, kv_head, numba_type)
 
 THREADS_X = 16
 THREADS_Y = 8
@@ -88,7 +88,10 @@ def make_preprocess_kernel(head_dim, dtype, clear=False):
     @cuda.jit
     def preprocess(dout, out, D, dq):
         products = cuda.shared.array((R, W), T)     # dO_ic O_ic of the block's rows
-        bh = U(cuda.blockIdx.y)
+        head = head_index()
+        if head >= out.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
         tid = U(cuda.threadIdx.x)
         r0 = U(cuda.blockIdx.x) * uR
         n = U(out.shape[1])
@@ -116,7 +119,7 @@ def run_preprocess(dout, out, D, dq, clear=False):
     dq (BH, Nq, d) zeroed too (else not touched)."""
     bh, nq, d = out.shape
     pre, threads = make_preprocess_kernel(d, out.dtype, clear)
-    pre[(ceil_div(nq, preprocess_rows(d, out.dtype)), bh), threads](dout, out, D, dq)
+    pre[(ceil_div(nq, preprocess_rows(d, out.dtype)), *head_grid(bh)), threads](dout, out, D, dq)
 
 
 @functools.lru_cache(maxsize=None)
@@ -206,7 +209,10 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
 
     @cuda.jit
     def dkdv(q, k, v, dout, lse, Dvec, dk, dv, scale, heads, group):
-        kvh = U(cuda.blockIdx.y)                       # index into B*Hk
+        head = head_index()                # index into B*Hk
+        if head >= k.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        kvh = U(head)
         tx = U(cuda.threadIdx.x)
         ty = U(cuda.threadIdx.y)
         tid = ty * uTX + tx
@@ -235,9 +241,9 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
         if causal and n0 + nq > nk:
             m_start = (n0 + nq - nk) // uBM * uBM
         kv_heads = heads // group
-        b = U(cuda.blockIdx.y // kv_heads)
+        b = U(head // kv_heads)
         for g in range(group):                         # the query heads sharing this key head
-            bh = b * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            bh = b * U(heads) + U(head % kv_heads) * U(group) + U(g)
             m0 = m_start
             while m0 < nq:
                 stage_rows(q, bh, m0, uBM, Q_t, tid, scale)
@@ -290,8 +296,11 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
 
     @cuda.jit
     def dq_kernel(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
-        bh = U(cuda.blockIdx.y)
-        kvh = U(kv_head(cuda.blockIdx.y, heads, group))
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kvh = U(kv_head(head, heads, group))
         tx = U(cuda.threadIdx.x)
         ty = U(cuda.threadIdx.y)
         tid = ty * uTX + tx
@@ -366,6 +375,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), dtype)
     run_preprocess(dout, out, D, dq)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads)
-    dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, scale, heads, group)
+    dkdv[(ceil_div(nk, block_n), *head_grid(bhk)), tpb](q, k, v, dout, lse, D, dk, dv, scale,
+                                                        heads, group)
     dq_kernel, tpb = make_dq_kernel(block_m, block_n, d, causal, dtype, threads)
-    dq_kernel[(ceil_div(nq, block_m), bh), tpb](q, k, v, dout, lse, D, dq, scale, heads, group)
+    dq_kernel[(ceil_div(nq, block_m), *head_grid(bh)), tpb](q, k, v, dout, lse, D, dq, scale,
+                                                            heads, group)

@@ -37,7 +37,8 @@ from numba import cuda
 from .backward import run_preprocess
 from .support import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel, ceil_div,
                       check_block, check_head_dim, check_shared_memory, kernel_jit,
-                      kv_head, make_recompute_p, numba_type)
+                      head_grid, head_index, kv_head, make_recompute_p,
+                      numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
 from .fa2_mma import WARP, mma_products
@@ -341,7 +342,10 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
     @kernel_jit(TX * TY)
     def dkdv_fa2(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
         sm = cuda.shared.array(0, T, alignment=ALIGN)
-        kvh = U(cuda.blockIdx.y)                       # index into B*Hk
+        head = head_index()                # index into B*Hk
+        if head >= k.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        kvh = U(head)
         tx = U(cuda.threadIdx.x)
         ty = U(cuda.threadIdx.y)
         tid = ty * uTX + tx
@@ -377,9 +381,9 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
         if causal and n0 + nq > nk:
             m_start = (n0 + nq - nk) // uBM * uBM
         kv_heads = heads // group
-        b_idx = U(cuda.blockIdx.y // kv_heads)
+        b_idx = U(head // kv_heads)
         for g in range(group):                         # the query heads sharing this key head
-            bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            bh = b_idx * U(heads) + U(head % kv_heads) * U(group) + U(g)
             m0 = m_start
             if PREFETCH and m0 < nq:                   # a head's first tiles: no prefetch
                 stage(sm, uQ, q, bh, m0, uBM, tid, d, scale)
@@ -485,8 +489,11 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
     @kernel_jit(TX * TY)
     def dq_fa2(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
         sm = cuda.shared.array(0, T, alignment=ALIGN)
-        bh = U(cuda.blockIdx.y)
-        kvh = U(kv_head(cuda.blockIdx.y, heads, group))
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kvh = U(kv_head(head, heads, group))
         tx = U(cuda.threadIdx.x)
         ty = U(cuda.threadIdx.y)
         tid = ty * uTX + tx
@@ -575,9 +582,9 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     run_preprocess(dout, out, D, dq, clear=atomic)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic,
                                  vector_atomics if atomic else False, prefetch, tensor_cores)
-    dkdv[(ceil_div(nk, block_n), bhk), tpb](q, k, v, dout, lse, D, dk, dv, dq, scale, heads,
-                                            group)
+    dkdv[(ceil_div(nk, block_n), *head_grid(bhk)), tpb](q, k, v, dout, lse, D, dk, dv, dq,
+                                                        scale, heads, group)
     if not atomic:
         dq_kernel, tpb = make_dq_kernel(block_m, block_n, d, causal, dtype, threads)
-        dq_kernel[(ceil_div(nq, block_m), bh), tpb](q, k, v, dout, lse, D, dq, scale, heads,
-                                                    group)
+        dq_kernel[(ceil_div(nq, block_m), *head_grid(bh)), tpb](q, k, v, dout, lse, D, dq,
+                                                                scale, heads, group)

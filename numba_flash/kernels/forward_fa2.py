@@ -35,7 +35,7 @@ from numba import cuda
 
 from .support import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel,
                      ceil_div, check_block, check_shared_memory, check_head_dim, kernel_jit,
-                     kv_head, numba_type)
+                     head_index, kv_head, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
 from .vector_io import VECTOR, AlignedDispatch, load4, require_aligned, store4
@@ -217,8 +217,11 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     @kernel_jit(NT)
     def forward_fa2(q, k, v, out, lse, scale, heads, group):
         sm = cuda.shared.array(0, T, alignment=ALIGN)
-        bh = U(cuda.blockIdx.y)
-        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kv = U(kv_head(head, heads, group))
         tx = U(cuda.threadIdx.x)
         ty = U(cuda.threadIdx.y)
         tid = ty * uTX + tx

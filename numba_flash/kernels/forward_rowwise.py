@@ -17,7 +17,8 @@ import numpy as np
 from numba import cuda
 
 from numba_flash.kernels.support import (NEG_INF, check_block, check_head_dim,
-                                         check_shared_memory, kv_head, numba_type)
+                                         check_shared_memory, head_index, kv_head,
+                                         numba_type)
 
 
 def default_blocks(head_dim, dtype):
@@ -44,7 +45,9 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
 
     @cuda.jit
     def forward_rowwise(q, k, v, out, lse, scale, heads, group):
-        bh = cuda.blockIdx.y
+        bh = head_index()
+        if bh >= q.shape[0]:                           # past the last head (support.head_grid)
+            return
         kv = kv_head(bh, heads, group)
         tid = cuda.threadIdx.x
         i = cuda.blockIdx.x * BLOCK_M + tid          # this thread's query row

@@ -22,8 +22,8 @@ import numpy as np
 from numba import cuda
 
 from numba_flash.kernels.support import (NEG_INF, U, ceil_div, check_block,
-                                         check_head_dim, check_shared_memory, kv_head,
-                                         numba_type)
+                                         check_head_dim, check_shared_memory, head_index,
+                                         kv_head, numba_type)
 
 THREADS_X = 16   # TX: threads along the key / head-dim axis
 THREADS_Y = 8    # TY: threads along the query axis
@@ -86,8 +86,11 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None)
 
     @cuda.jit
     def forward_tiled(q, k, v, out, lse, scale, heads, group):
-        bh = U(cuda.blockIdx.y)
-        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kv = U(kv_head(head, heads, group))
         tx = U(cuda.threadIdx.x)
         ty = U(cuda.threadIdx.y)
         tid = ty * uTX + tx

@@ -6,6 +6,7 @@ import contextlib
 import functools
 import math
 import sys
+import threading
 
 import numba
 import numpy as np
@@ -70,6 +71,26 @@ def inlined_device_function(fn):
 
 def ceil_div(a, b):
     return -(-a // b)
+
+
+# Grid y and z hold at most 65535 blocks each (x: 2^31 - 1). The query blocks sit in x (the
+# blocks of one head run next to each other, sharing its K/V in L2) and the B*H heads in y,
+# spilling into z past GRID_Y_LIMIT: head_grid(n) is (y, z) with y * z >= n, and a kernel
+# reads its head as head_index() and returns at once when that is n or more.
+GRID_Y_LIMIT = 65535
+
+
+def head_grid(n):
+    """(y, z) of a grid covering n heads: n in y when it fits, else GRID_Y_LIMIT in y and the
+    rest in z (at most 65535 * 65535 heads)."""
+    y = min(n, GRID_Y_LIMIT)
+    return y, ceil_div(n, y)
+
+
+@cuda.jit(device=True)
+def head_index():
+    """The head this block works on: blockIdx.y + blockIdx.z * gridDim.y (head_grid)."""
+    return cuda.blockIdx.y + cuda.blockIdx.z * cuda.gridDim.y
 
 
 @cuda.jit(device=True)
@@ -219,12 +240,39 @@ def simulator_switch_interval(seconds=1e-4):
     if not SIMULATOR:
         yield
         return
-    before = sys.getswitchinterval()
-    sys.setswitchinterval(seconds)
+    # threads may launch at once: the first to enter saves the process's interval, the last
+    # to leave puts it back (a save per call would let one thread restore another's 0.1 ms
+    # and leave the process with it)
+    with _switch_lock:
+        if _switch_users[0] == 0:
+            _switch_users[1] = sys.getswitchinterval()
+            sys.setswitchinterval(seconds)
+        _switch_users[0] += 1
     try:
         yield
     finally:
-        sys.setswitchinterval(before)
+        with _switch_lock:
+            _switch_users[0] -= 1
+            if _switch_users[0] == 0:
+                sys.setswitchinterval(_switch_users[1])
+
+
+_switch_lock = threading.Lock()
+_simulator_lock = threading.RLock()
+
+
+@contextlib.contextmanager
+def simulator_exclusive():
+    """On the simulator, one API call at a time in this process (nothing on a GPU): numba-cuda's
+    simulator runs one kernel at a time and fails a second thread's launch ("concurrent
+    simulated kernel not supported"), so calls from several threads queue here instead."""
+    if not SIMULATOR:
+        yield
+        return
+    with _simulator_lock:
+        yield
+
+_switch_users = [0, None]          # [launches inside simulator_switch_interval, saved interval]
 
 
 class _SwitchIntervalLaunch:

@@ -32,7 +32,8 @@ from numba import cuda, float32
 from ..backward import run_preprocess
 from ..mma import split_tf32
 from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div, device_function,
-                       kernel_jit, make_recompute_p, simulator_switch_interval)
+                       head_grid, head_index, kernel_jit, make_recompute_p,
+                       simulator_switch_interval)
 from ..vector_io import AlignedDispatch
 from ..vector_io import add2 as red_add2
 from .dq import run_dq
@@ -202,7 +203,10 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True):
     @kernel_jit(WARPGROUP)
     def dkdv_wgmma_lean(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
-        kvh = U(cuda.blockIdx.y)
+        head = head_index()                # index into B*Hk
+        if head >= k.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        kvh = U(head)
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
         n0 = U(cuda.blockIdx.x) * uBM
@@ -220,7 +224,7 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True):
         if causal and n0 + nq > nk:
             m_start = (n0 + nq - nk) // uBM * uBM
         kv_heads = heads // group
-        b_idx = U(cuda.blockIdx.y // kv_heads)
+        b_idx = U(head // kv_heads)
         g4, t4 = lane // U(4), lane % U(4)
         row, col_t = warp * U(16) + g4, t4 * U(2)
         pt_base = (warp * U(4) + g4 // U(4)) * U(32) + t4 * U(8) + g4 % U(4)
@@ -229,7 +233,7 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True):
         fence_proxy_async()
         cuda.syncthreads()
         for g in range(group):
-            bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            bh = b_idx * U(heads) + U(head % kv_heads) * U(group) + U(g)
             # the Q blocks m_start.. in turn, from `first` round to the one before it
             first = m_start
             first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
@@ -348,7 +352,10 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     @kernel_jit(2 * WARPGROUP)
     def dkdv_wgmma_wide(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
-        kvh = U(cuda.blockIdx.y)
+        head = head_index()                # index into B*Hk
+        if head >= k.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        kvh = U(head)
         tid = U(cuda.threadIdx.x)
         wg = tid // U(WARPGROUP)                    # 0: S and P; 1: dP and dS
         warp, lane = (tid // U(32)) % U(4), tid % U(32)
@@ -376,7 +383,7 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
         if causal and n0 + nq > nk:     # query i sees key j iff j + nq <= i + nk
             m_start = (n0 + nq - nk) // uBM * uBM
         kv_heads = heads // group
-        b_idx = U(cuda.blockIdx.y // kv_heads)
+        b_idx = U(head // kv_heads)
         # the thread's accumulator entries (wgmma.position): rows row, row + 8, columns col_t,
         # col_t + 1 of each 8-column group; P^T / dS^T at core_offset(col_t, row, 64) and dS
         # at core_offset(row, col_t, 64) (the lean kernel's bases)
@@ -388,7 +395,7 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
         fence_proxy_async()
         cuda.syncthreads()
         for g in range(group):
-            bh = b_idx * U(heads) + U(cuda.blockIdx.y % kv_heads) * U(group) + U(g)
+            bh = b_idx * U(heads) + U(head % kv_heads) * U(group) + U(g)
             # the Q blocks m_start.. in turn, from `first` round to the one before it
             first = m_start
             first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
@@ -499,8 +506,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     run_preprocess(dout, out, D, dq, clear=not deterministic)
     kernel, threads = dkdv_launcher(d > D_PAD, bool(causal), not deterministic)
     with simulator_switch_interval():
-        kernel[(ceil_div(nk, BLOCK), bhk), threads](q, k, v, dout, lse, D, dk, dv, dq,
-                                                    np.float32(scale), heads, group)
+        kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads](
+            q, k, v, dout, lse, D, dk, dv, dq, np.float32(scale), heads, group)
     if deterministic:
         run_dq(dout, q, k, v, lse, D, dq, scale=scale, heads=heads, group=group,
                causal=causal)

@@ -20,8 +20,8 @@ import numpy as np
 from numba import cuda, float32
 
 from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div,
-                       inlined_device_function, kernel_jit, kv_head, make_recompute_p,
-                       simulator_switch_interval)
+                       head_grid, head_index, inlined_device_function, kernel_jit,
+                       kv_head, make_recompute_p, simulator_switch_interval)
 from ..vector_io import AlignedDispatch
 from .forward import BLOCK_M_WIDE, STAGE_LOADS, split_p_chain
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add,
@@ -74,8 +74,11 @@ def make_lean_dq_kernel(causal):
     @kernel_jit(WARPGROUP)
     def dq_wgmma(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
-        bh = U(cuda.blockIdx.y)
-        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kv = U(kv_head(head, heads, group))
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
         row0 = U(cuda.blockIdx.x) * uBM
@@ -155,8 +158,11 @@ def make_wide_dq_kernel(causal, vector_loads):
     @kernel_jit(2 * WARPGROUP)
     def dq_wgmma_wide(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
-        bh = U(cuda.blockIdx.y)
-        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kv = U(kv_head(head, heads, group))
         tid = U(cuda.threadIdx.x)
         wg = tid // U(WARPGROUP)
         warp, lane = (tid // U(32)) % U(4), tid % U(32)
@@ -254,5 +260,5 @@ def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal):
     bh, nq, d = q.shape
     kernel, threads, block_m = launcher(d > D_PAD, bool(causal))
     with simulator_switch_interval():
-        kernel[(ceil_div(nq, block_m), bh), threads](q, k, v, dout, lse, D, dq,
-                                                     np.float32(scale), heads, group)
+        kernel[(ceil_div(nq, block_m), *head_grid(bh)), threads](
+            q, k, v, dout, lse, D, dq, np.float32(scale), heads, group)

@@ -27,7 +27,8 @@ from numba import cuda, float32
 
 from ..mma import split_tf32
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
-                       inlined_device_function, kernel_jit, kv_head, simulator_launch)
+                       head_index, inlined_device_function, kernel_jit, kv_head,
+                       simulator_launch)
 from ..vector_io import AlignedDispatch
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, TILE, add, clear, make_lean_s,
                        make_stage, make_wide_s)
@@ -107,8 +108,11 @@ def make_lean_kernel(causal):
     @kernel_jit(WARPGROUP)
     def forward_wgmma(q, k, v, out, lse, scale, heads, group):
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
-        bh = U(cuda.blockIdx.y)
-        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kv = U(kv_head(head, heads, group))
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
         row0 = U(cuda.blockIdx.x) * uBM
@@ -209,8 +213,11 @@ def make_wide_kernel(causal, vector_loads):
     @kernel_jit(2 * WARPGROUP)
     def forward_wgmma_wide(q, k, v, out, lse, scale, heads, group):
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
-        bh = U(cuda.blockIdx.y)
-        kv = U(kv_head(cuda.blockIdx.y, heads, group))
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kv = U(kv_head(head, heads, group))
         tid = U(cuda.threadIdx.x)
         wg = tid // U(WARPGROUP)
         warp, lane = (tid // U(32)) % U(4), tid % U(32)

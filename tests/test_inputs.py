@@ -1,0 +1,172 @@
+"""What odd input gets: the right answer or a clear error before any launch (issue 22).
+
+Scales that do not survive the dtype, array-likes, lengths past 32 bits, more heads than a grid
+dimension holds, two threads at once."""
+
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import reference as ref
+from numba_flash import flash_attention_backward, flash_attention_forward, registry
+from numba_flash.kernels import support
+from numba_flash.testing import check_backward, check_forward
+
+
+def qkv(shape=(1, 2, 5, 4), dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    return tuple(rng.standard_normal(shape).astype(dtype) for _ in range(3))
+
+
+@pytest.mark.parametrize("scale,error,match", [
+    (1e39, ValueError, "becomes inf"),             # finite in float64, inf in float32
+    (1e-46, ValueError, "becomes 0"),              # 0 in float32
+    ("abc", TypeError, "scale must be a real number, got 'abc'"),
+    (True, TypeError, "scale must be a real number"),
+    ([0.5], TypeError, "scale must be a real number"),
+    (1 + 2j, TypeError, "scale must be a real number"),
+])
+def test_scale_is_checked_in_the_kernels_dtype(scale, error, match):
+    with pytest.raises(error, match=match):
+        flash_attention_forward(*qkv(), scale=scale)
+
+
+def test_a_scale_that_fits_float64_only_runs_in_float64():
+    q, k, v = qkv(dtype=np.float64)
+    out, lse = flash_attention_forward(q, k, v, scale=1e-300)
+    truth_out, truth_lse = ref.attention_forward(q, k, v, scale=1e-300)
+    np.testing.assert_allclose(out, truth_out, rtol=1e-12, atol=1e-12)
+
+
+def test_lists_are_taken_as_numpy_takes_them():
+    q, k, v = qkv(dtype=np.float64)
+    out, lse = flash_attention_forward(q.tolist(), k.tolist(), v.tolist())
+    assert isinstance(out, np.ndarray) and out.dtype == np.float64
+    truth_out, truth_lse = flash_attention_forward(q, k, v)
+    np.testing.assert_array_equal(out, truth_out)
+    dq, dk, dv = flash_attention_backward(q.tolist(), q, k, v, out.tolist(), lse.tolist())
+    assert dq.shape == q.shape
+
+
+@pytest.mark.parametrize("bad,match", [
+    ([[1.0, "a"]], "q must be float32 or float64"),
+    ([[1.0], [1.0, 2.0]], "q must be an array or array-like"),
+    (None, "q must be float32 or float64"),
+])
+def test_what_numpy_cannot_make_an_array_of_is_a_type_error(bad, match):
+    with pytest.raises(TypeError, match=match):
+        flash_attention_forward(bad, *qkv()[1:])
+
+
+@pytest.mark.parametrize("kernel", [["fa2"], 3, None])
+def test_kernel_names_are_strings(kernel):
+    with pytest.raises(TypeError, match="kernel must be a registered name"):
+        flash_attention_forward(*qkv(), kernel=kernel)
+
+
+def test_lengths_past_31_bits_raise_before_any_launch():
+    # zero-stride views: the shape of 2^31 rows without the memory
+    long = np.broadcast_to(np.zeros((1, 1, 4), np.float32), (1, 2**31, 4))
+    short = np.zeros((1, 3, 4), np.float32)
+    with pytest.raises(ValueError, match="below 2\\^31"):
+        flash_attention_forward(long, short, short)
+    with pytest.raises(ValueError, match="below 2\\^31"):
+        flash_attention_forward(short, long, long)
+
+
+def test_more_heads_than_a_signed_32_bit_count_raise():
+    many = np.broadcast_to(np.zeros((1, 1, 1, 4), np.float32), (2**16, 2**15, 1, 4))
+    with pytest.raises(ValueError, match="at most 2\\^31 - 1 query heads"):
+        flash_attention_forward(many, many, many)
+
+
+@pytest.mark.parametrize("kernel", sorted(registry.PAIRS))
+def test_heads_past_grid_y_spill_into_grid_z(monkeypatch, kernel):
+    # GRID_Y_LIMIT 2 makes 5 heads a grid of y 2, z 3: one block past the last head returns
+    monkeypatch.setattr(support, "GRID_Y_LIMIT", 2)
+    assert support.head_grid(5) == (2, 3)
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((5, 1, 3, 4)).astype(np.float32)
+    k = rng.standard_normal((5, 1, 4, 4)).astype(np.float32)
+    v = rng.standard_normal((5, 1, 4, 4)).astype(np.float32)
+    dout = rng.standard_normal(q.shape).astype(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=True, kernel=kernel)
+    check = check_forward(q, k, v, out, lse, causal=True)
+    assert all(c.ok for c in check), check
+    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=True, kernel=kernel)
+    check = check_backward(dout, q, k, v, *grads, causal=True)
+    assert all(c.ok for c in check), check
+
+
+def test_head_grid_covers_every_head_count_up_to_the_limit():
+    for n in (1, 2, 65535, 65536, 70000, 131072, 2**31 - 1):
+        y, z = support.head_grid(n)
+        assert y <= 65535 and z <= 65535 and y * z >= n and y * (z - 1) < n
+
+
+def test_two_threads_at_once_get_right_answers_and_leave_the_switch_interval():
+    before = sys.getswitchinterval()
+    problems = [qkv(seed=s) for s in range(4)]
+    results, errors = {}, []
+
+    def call(i):
+        try:
+            results[i] = flash_attention_forward(*problems[i], kernel="fa2")
+        except Exception as e:           # reported below: a thread's exception is lost
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(problems))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    assert sys.getswitchinterval() == before
+    for i, (q, k, v) in enumerate(problems):
+        check = check_forward(q, k, v, *results[i])
+        assert all(c.ok for c in check), check
+
+
+@pytest.mark.gpu
+def test_gpu_many_heads_against_float64_truth():
+    # B*H = 70000 and 131072 failed at launch (CUDA_ERROR_INVALID_VALUE) with heads in grid y
+    for heads in (70000, 131072):
+        rng = np.random.default_rng(heads)
+        q, k, v, dout = (rng.standard_normal((heads, 1, 8, 64)).astype(np.float32)
+                         for _ in range(4))
+        out, lse = flash_attention_forward(q, k, v, causal=True)
+        check = check_forward(q, k, v, out, lse, causal=True)
+        assert all(c.ok for c in check), check
+        grads = flash_attention_backward(dout, q, k, v, out, lse, causal=True)
+        check = check_backward(dout, q, k, v, *grads, causal=True)
+        assert all(c.ok for c in check), check
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel", ["auto", "fa2"])
+def test_gpu_two_threads_at_once(kernel):
+    problems = [qkv((2, 4, 300, 64), seed=s) for s in range(6)]
+    results, errors = {}, []
+
+    def call(i):
+        try:
+            q, k, v = problems[i]
+            out, lse = flash_attention_forward(q, k, v, causal=True, kernel=kernel)
+            results[i] = (out, lse, flash_attention_backward(q, q, k, v, out, lse,
+                                                             causal=True, kernel=kernel))
+        except Exception as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(problems))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, (q, k, v) in enumerate(problems):
+        out, lse, grads = results[i]
+        check = (check_forward(q, k, v, out, lse, causal=True)
+                 + check_backward(q, q, k, v, *grads, causal=True))
+        assert all(c.ok for c in check), check
