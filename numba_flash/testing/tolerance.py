@@ -1,7 +1,9 @@
 """Tolerance relative to what the precision allows (DESIGN.md).
 
 Truth is computed one precision above the kernel's: float64 for float32 kernels, long double
-(80-bit on x86) for float64 kernels. A kernel passes when its max error against truth is at
+(80-bit on x86) for float64 kernels. forward_truth/backward_truth compute it once for every
+kernel run on the same inputs, the float64 one on a GPU if asked (truth.py; same formulas,
+same rule). A kernel passes when its max error against truth is at
 most `multiple` times the error of plain NumPy attention in the kernel's precision on the same
 inputs (2x forward, 3x gradients), plus a rounding floor of FLOOR_ULPS units of roundoff
 times the largest truth value. NaN never passes; the -inf pattern of lse must match exactly.
