@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import assume, given, settings, target
+from hypothesis import Verbosity, assume, given, settings, target
 
 from ..api import flash_attention_backward, flash_attention_forward
 from ..registry import PAIRS
@@ -45,7 +45,9 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     on_outcome. tiles: draw tile sizes for "forward" or "backward" from what the kernel
     accepts (registry.tile_choices), or None for its defaults ("auto": as the property says).
     should_stop() -> True, asked before each example runs, ends the search there (a deadline;
-    the examples run so far stand). settings_kw override the loaded profile (max_examples)."""
+    the examples run so far stand; such a search reports nothing itself, Verbosity.quiet:
+    Hypothesis would take the stop for an error and print a seed to reproduce it).
+    settings_kw override the loaded profile (max_examples)."""
     from .. import registry
     func, kind, prop_tiles = PROPERTIES[prop]
     if tiles == "auto":
@@ -67,6 +69,8 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
         if raise_on_failure:
             assert outcome.ok, outcome.report()
 
+    if should_stop is not None:
+        settings_kw.setdefault("verbosity", Verbosity.quiet)
     if settings_kw:
         run = settings(**settings_kw)(run)
     try:
