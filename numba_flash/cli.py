@@ -10,11 +10,19 @@ import numba_flash
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="numba-flash", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    p_verify = sub.add_parser("verify", help="every registered kernel against the reference")
+    p_verify = sub.add_parser(
+        "verify", help="the kernels against the reference (default: what kernel='auto' runs)")
     p_verify.add_argument("--quiet", action="store_true", help="print failing rows only")
-    p_verify.add_argument("--kernel", action="append", dest="kernels", metavar="NAME",
-                          help="a registered kernel pair to check, forward and backward "
-                               "(repeat for more; default every registered pair)")
+    which = p_verify.add_mutually_exclusive_group()
+    which.add_argument("--kernel", action="append", dest="kernels", metavar="NAME",
+                       help="a registered kernel pair to check, forward and backward "
+                            "(repeat for more; default: the pair kernel='auto' runs for each "
+                            "case and dtype here)")
+    which.add_argument("--all", action="store_true", dest="all_pairs",
+                       help="every registered kernel pair")
+    p_verify.add_argument("--case", action="append", dest="cases", metavar="NAME",
+                          help='only the case of this name, e.g. "GQA" (repeatable; default '
+                               'all)')
     p_bench = sub.add_parser("bench", help="TFLOP/s and peak memory beside the peers")
     p_bench.add_argument("--json", default="bench.json", help="file for every figure")
     p_bench.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
@@ -41,7 +49,9 @@ def main(argv=None):
                         help="Hypothesis profile (default: dev on the simulator, gpu on a GPU)")
     budget = p_fuzz.add_mutually_exclusive_group()
     budget.add_argument("--examples", type=int, help="examples per (property, kernel)")
-    budget.add_argument("--seconds", type=float, help="run for this long")
+    budget.add_argument("--seconds", type=float,
+                        help="run for about this long, shared among the (property, kernel) "
+                             "pairs (each gets at least one example)")
     p_fuzz.add_argument("--out", default="reproducers", help="folder for reproducer files")
     p_fuzz.add_argument("--property", action="append", dest="properties", metavar="NAME",
                         help="run only this property (repeatable); default all")
@@ -53,7 +63,8 @@ def main(argv=None):
 
     if args.command == "verify":
         from . import verify
-        return verify.main(numba_flash.SIMULATOR, quiet=args.quiet, kernels=args.kernels)
+        return verify.main(numba_flash.SIMULATOR, quiet=args.quiet, kernels=args.kernels,
+                           all_pairs=args.all_pairs, case_names=args.cases)
     if args.command == "bench":
         if numba_flash.SIMULATOR:
             print("numba-flash bench needs a CUDA GPU; none was found", file=sys.stderr)
@@ -77,36 +88,51 @@ def main(argv=None):
 
 
 def fuzz(args):
+    """`numba-flash fuzz`: the campaign (testing.campaign.fuzz), a table of examples and
+    failures per (property, kernel) pair, the worst examples and every failure. Returns 0,
+    1 when an example failed, 2 for a usage error."""
+    from .registry import PAIRS
     from .testing import campaign, profiles
     from .testing.properties import PROPERTIES
-    name, size = profiles.load(args.profile or ("dev" if numba_flash.SIMULATOR else "gpu"),
-                               numba_flash.SIMULATOR)
-    examples = args.examples if (args.examples or args.seconds) else None
-    if examples is None and not args.seconds:
-        from hypothesis import settings
-        examples = settings.default.max_examples
-    where = "the CUDA simulator" if numba_flash.SIMULATOR else "the GPU"
-    print(f"numba-flash fuzz: profile {name} ({size} sizes) on {where}; "
-          + (f"{examples} examples per (property, kernel)" if examples else f"{args.seconds:g} s"))
+    if (args.examples is not None and args.examples < 1) or (
+            args.seconds is not None and not args.seconds > 0):
+        print("--examples must be at least 1 and --seconds positive", file=sys.stderr)
+        return 2
     unknown = set(args.properties or ()) - set(PROPERTIES)
     if unknown:
         print(f"unknown properties {sorted(unknown)}; choose from {sorted(PROPERTIES)}",
               file=sys.stderr)
         return 2
-    from .registry import PAIRS
     unknown = set(args.kernels or ()) - set(PAIRS)
     if unknown:
         print(f"unknown kernels {sorted(unknown)}; registered: {sorted(PAIRS)}",
               file=sys.stderr)
         return 2
-    if not campaign.pairs(args.properties, args.kernels):
+    todo = campaign.pairs(args.properties, args.kernels)
+    if not todo:
         print("no (property, kernel) pair matches; nothing to run", file=sys.stderr)
         return 2
+    name, size = profiles.load(args.profile or ("dev" if numba_flash.SIMULATOR else "gpu"),
+                               numba_flash.SIMULATOR)
+    examples = args.examples
+    if examples is None and args.seconds is None:
+        from hypothesis import settings
+        examples = settings.default.max_examples
+    where = "the CUDA simulator" if numba_flash.SIMULATOR else "the GPU"
+    print(f"numba-flash fuzz: profile {name} ({size} sizes) on {where}; {len(todo)} "
+          f"(property, kernel) pairs, " + (f"{examples} examples each" if examples else
+                                          f"{args.seconds:g} s shared among them"))
     outcomes, failures, paths = campaign.fuzz(size, examples, args.seconds, args.out,
                                               properties=args.properties, kernels=args.kernels)
-    worst = sorted(outcomes, key=lambda o: -o.worst)[:8]
-    print(f"\n{len(outcomes)} examples, {len(failures)} failed. Worst error / allowed:")
-    for o in worst:
+    print(f"\n{len(outcomes)} examples over {len(todo)} (property, kernel) pairs, "
+          f"{len(failures)} failed.")
+    width = max(len(p) for p, _ in todo) + 2
+    print(f"{'property':<{width}} {'kernel':<12} {'examples':>8} {'failed':>6} "
+          f"{'worst err/allowed':>18}")
+    for prop, kernel, n, bad, worst in campaign.tally(outcomes, todo):
+        print(f"{prop:<{width}} {kernel:<12} {n:>8} {bad:>6} {worst:>18.3f}")
+    print("Worst error / allowed:")
+    for o in sorted(outcomes, key=lambda o: -o.worst)[:8]:
         print(f"  {o.worst:8.3f}  {o.prop} [{o.kernel}] {o.problem.describe()}")
     for o, path in zip(failures, paths):
         print(f"\nFAILED {o.report()}\n  reproducer: {path}")

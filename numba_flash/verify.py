@@ -1,39 +1,102 @@
-"""`numba-flash verify`: every registered kernel pair (forward, then its backward on that
-forward's out and lse) over a fixed set of cases against truth."""
+"""`numba-flash verify`: kernel pairs (forward, then its backward on that forward's out and
+lse) over a fixed set of cases (testing.cases), float32 and float64, against truth.
+
+By default the pairs `flash_attention_forward`/`flash_attention_backward` run here with
+kernel="auto" (registry.resolve per case and dtype: on an H200 wgmma for float32 d <= 128, fa2
+otherwise); `kernels=` names pairs, `all_pairs=True` takes every registered one. Truth in
+float64 (that of float32 kernels) is computed on the GPU when CuPy or torch can
+(testing.truth), under the same tolerance rule (testing.tolerance)."""
 
 import sys
 import time
 
-from .registry import PAIRS
+from . import registry
 from .testing import GPU_CASES, SIMULATOR_CASES
-from .testing.campaign import run_checks
+from .testing import truth as truth_mod
+from .testing.campaign import plan, run_checks
+
+DTYPES = ("float32", "float64")
 
 
+def main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None, cases=None,
+         progress=None):
+    """Print the table and a summary; return 0 when every row passes, 1 when one fails, 2 for
+    a usage error (an unknown kernel or case name, nothing to run).
 
-def main(simulator, quiet=False, kernels=None):
-    """Print the table; return 0 when every row passes, 1 otherwise, 2 for an unknown kernel.
-    kernels: names of registered pairs to check (None: all of them)."""
-    kernels = sorted(PAIRS) if kernels is None else list(kernels)
-    unknown = [n for n in kernels if n not in PAIRS]
-    if unknown or not kernels:
-        print(f"verify: unknown kernels {unknown}; registered: {sorted(PAIRS)}" if unknown
-              else "verify: no kernel chosen", file=sys.stderr)
-        return 2
-    cases = SIMULATOR_CASES if simulator else GPU_CASES
+    kernels: names of registered pairs to check (default: what kernel="auto" runs);
+    all_pairs: every registered pair instead. case_names: only the cases of these names;
+    cases: the case list itself (default SIMULATOR_CASES on the simulator, else GPU_CASES).
+    progress: show a tqdm bar on stderr (default: when stderr is a terminal)."""
+    from tqdm import tqdm
+    if all_pairs and kernels:
+        return _usage("--all and --kernel exclude each other")
+    if all_pairs:
+        kernels = sorted(registry.PAIRS)
+    if kernels is not None:
+        unknown = [n for n in kernels if n not in registry.PAIRS]
+        if unknown or not kernels:
+            return _usage(f"unknown kernels {unknown}; registered: {sorted(registry.PAIRS)}"
+                          if unknown else "no kernel chosen")
+    cases = list(cases if cases is not None else SIMULATOR_CASES if simulator else GPU_CASES)
+    if case_names:
+        unknown = [n for n in case_names if n not in {c.name for c in cases}]
+        if unknown:
+            return _usage(f"unknown cases {unknown}; cases: {[c.name for c in cases]}")
+        cases = [c for c in cases if c.name in case_names]
+    device = registry.current_device()
+    steps = plan(cases, DTYPES, kernels, device)
+    total = sum(len(st.pairs) for st in steps)
+    if not total:
+        return _usage(f"no registered pair runs these cases on {device}")
+    ns = truth_mod.namespace()
     where = ("the CUDA simulator (no GPU found), at small sizes" if simulator
-             else "the GPU")
-    print(f"numba-flash verify: {len(cases)} cases on {where}; kernels {kernels} (forward "
-          f"and backward); truth one precision up")
-    header = f"{'kernel':<13} {'dtype':<8} {'out':<4} {'max err':>10} {'allowed':>10}  pass  case"
-    print(header)
-    failed = 0
+             else f"the GPU ({device})")
+    chosen = ("the default: what kernel='auto' runs here" if kernels is None
+              else "every registered pair" if all_pairs else f"kernels {list(kernels)}")
+    print(f"numba-flash verify: {len(cases)} cases x {', '.join(DTYPES)} on {where}; "
+          f"{chosen}; forward, then its backward; truth one precision up (float64 in "
+          f"{ns.name}{' on the GPU' if ns.on_gpu else ''}, long double in numpy)")
+    print(f"{'kernel':<13} {'dtype':<8} {'out':<4} {'max err':>10} {'allowed':>10}  pass  case")
+    failed = rows = 0
+    ran = {}                     # pair -> {dtype: cases}
     t0 = time.time()
-    for row in run_checks(cases, kernels=kernels):
-        failed += not row["ok"]
-        if quiet and row["ok"]:
-            continue
-        print(f"{row['kernel']:<13} {row['dtype']:<8} {row['output']:<4} {row['max_err']:>10.3e} "
-              f"{row['allowed']:>10.3e}  {'yes ' if row['ok'] else 'NO  '}  {row['case']}"
-              + (f"  ({row['note']})" if row["note"] else ""), flush=True)
-    print(f"{'all passed' if not failed else f'{failed} FAILED'} in {time.time() - t0:.0f} s")
+    bar = tqdm(total=total, unit="pair", file=sys.stderr, leave=False,
+               disable=(not sys.stderr.isatty()) if progress is None else not progress)
+
+    def step_done(st, pair):
+        ran.setdefault(pair, {}).setdefault(st.dtype, set()).add(st.case.name)
+        bar.update(1)
+        bar.set_postfix_str(f"{pair} {st.dtype} {st.case.name}; {failed} failed")
+
+    try:
+        for row in run_checks(cases, ns=ns, on_step=step_done, steps=steps):
+            rows += 1
+            failed += not row["ok"]
+            if quiet and row["ok"]:
+                continue
+            tqdm.write(f"{row['kernel']:<13} {row['dtype']:<8} {row['output']:<4} "
+                       f"{row['max_err']:>10.3e} {row['allowed']:>10.3e}  "
+                       f"{'yes ' if row['ok'] else 'NO  '}  {row['case']}"
+                       + (f"  ({row['note']})" if row["note"] else ""), file=sys.stdout)
+    finally:
+        bar.close()
+    seconds = time.time() - t0
+    print("checked: " + "; ".join(
+        f"{pair} ({', '.join(f'{dt} on {len(c)} cases' for dt, c in sorted(by.items()))})"
+        for pair, by in ran.items()))
+    skipped = {}
+    for st in steps:
+        for name in st.skipped:
+            skipped.setdefault(name, []).append(f"{st.case.name} ({st.dtype})")
+    for name, where_not in skipped.items():
+        print(f"not run: {name} cannot run on {device}: {', '.join(where_not)}")
+    for name in sorted(set(kernels or ()) - set(ran) - set(skipped)):
+        print(f"not run: {name} itself on any case here; what it falls back to ran instead")
+    print(f"{len(cases)} cases, {len(ran)} pair{'' if len(ran) == 1 else 's'}, {rows} rows: "
+          f"{'all passed' if not failed else f'{failed} FAILED'} in {seconds:.0f} s")
     return 1 if failed else 0
+
+
+def _usage(message):
+    print(f"verify: {message}", file=sys.stderr)
+    return 2

@@ -4,6 +4,11 @@ Shapes: q (..., Nq, d), k and v (..., Nk, d) with identical leading dims. Every 
 the dtype it is given. scale defaults to 1/sqrt(d). With causal=True, key j is masked for query
 i when j > i + (Nk - Nq): bottom-right aligned, as FlashAttention >= 2.1 does. A query row
 whose keys are all masked (possible when Nq > Nk) gives out = 0, lse = -inf, gradients 0.
+
+attention_forward and attention_backward take xp=, the array namespace of their inputs: NumPy
+by default, or one with NumPy's names for the few functions they use (swapaxes, where, exp,
+log, amax, sum, arange) such as CuPy, to compute the same formulas on a GPU
+(numba_flash.testing.truth picks one and adapts torch).
 """
 
 import math
@@ -13,13 +18,16 @@ import numpy as np
 from .softmax import _check_block, safe_softmax
 
 
-def check_qkv(q, k, v):
-    """Validate and return q, k, v as arrays of one floating dtype with matching shapes."""
-    q, k, v = (np.asarray(a) for a in (q, k, v))
+def check_qkv(q, k, v, xp=np):
+    """Validate and return q, k, v as arrays of one floating dtype with matching shapes
+    (arrays of namespace xp other than NumPy are taken as they are; their dtypes are only
+    compared with each other)."""
+    if xp is np:
+        q, k, v = (np.asarray(a) for a in (q, k, v))
     for name, a in (("q", q), ("k", k), ("v", v)):
         if a.ndim < 2:
-            raise ValueError(f"{name} must have shape (..., N, d), got {a.shape}")
-        if not np.issubdtype(a.dtype, np.floating):
+            raise ValueError(f"{name} must have shape (..., N, d), got {tuple(a.shape)}")
+        if xp is np and not np.issubdtype(a.dtype, np.floating):
             raise TypeError(f"{name} must be a floating array, got {a.dtype}")
     if not (q.dtype == k.dtype == v.dtype):
         raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
@@ -42,62 +50,66 @@ def default_scale(d, scale=None):
     return scale
 
 
-def causal_mask(nq, nk):
+def causal_mask(nq, nk, *, xp=np):
     """Boolean (nq, nk) array, True where key j is visible to query i: j <= i + (nk - nq)."""
-    i = np.arange(nq)[:, None]
-    j = np.arange(nk)[None, :]
+    i = xp.arange(nq)[:, None]
+    j = xp.arange(nk)[None, :]
     return j <= i + (nk - nq)
 
 
-def _scores(q, k, causal, scale):
-    """S = scale * q k^T with masked entries set to -inf."""
-    S = (q @ np.swapaxes(k, -1, -2)) * q.dtype.type(scale)
+def _scores(q, k, causal, scale, xp=np):
+    """S = scale * q k^T with masked entries set to -inf (q's dtype: a Python float scalar
+    is converted to it, NEP 50)."""
+    S = (q @ xp.swapaxes(k, -1, -2)) * scale
     if causal:
-        S = np.where(causal_mask(q.shape[-2], k.shape[-2]), S, -np.inf).astype(q.dtype)
+        S = xp.where(causal_mask(q.shape[-2], k.shape[-2], xp=xp), S, -math.inf)
     return S
 
 
-def _logsumexp(S):
+def _logsumexp(S, xp=np):
     """Row log-sum-exp of S, -inf for rows that are entirely -inf."""
-    m = S.max(axis=-1)
-    m_safe = np.where(np.isneginf(m), 0, m)
-    l = np.exp(S - m_safe[..., None]).sum(axis=-1)
+    m = xp.amax(S, axis=-1)
+    m_safe = xp.where(m == -math.inf, 0, m)
+    l = xp.sum(xp.exp(S - m_safe[..., None]), axis=-1)
     with np.errstate(divide="ignore"):
-        return m_safe + np.log(l)  # log(0) = -inf for fully masked rows
+        return m_safe + xp.log(l)  # log(0) = -inf for fully masked rows
 
 
-def attention_forward(q, k, v, *, causal=False, scale=None):
+def attention_forward(q, k, v, *, causal=False, scale=None, xp=np):
     """Standard attention: S = scale q k^T, P = softmax(S), out = P v.
 
     Materializes S and P (Nq x Nk per head). Returns out (..., Nq, d) and lse (..., Nq),
-    lse = log sum_j exp(S_ij), -inf for fully masked rows.
+    lse = log sum_j exp(S_ij), -inf for fully masked rows, in q's dtype. xp: the inputs'
+    array namespace (module docstring).
     """
-    q, k, v = check_qkv(q, k, v)
+    q, k, v = check_qkv(q, k, v, xp)
     scale = default_scale(q.shape[-1], scale)
-    S = _scores(q, k, causal, scale)
-    P = safe_softmax(S)
-    return P @ v, _logsumexp(S).astype(q.dtype)
+    S = _scores(q, k, causal, scale, xp)
+    P = safe_softmax(S, xp=xp)
+    return P @ v, _logsumexp(S, xp)
 
 
-def attention_backward(dout, q, k, v, *, causal=False, scale=None):
+def attention_backward(dout, q, k, v, *, causal=False, scale=None, xp=np):
     """Gradients of standard attention, with S and P materialized.
 
     dV = P^T dO, dP = dO V^T, D = rowsum(dO * O), dS = P * (dP - D),
-    dQ = dS K * scale, dK = dS^T Q * scale. Returns dq, dk, dv with q, k, v's shapes.
+    dQ = dS K * scale, dK = dS^T Q * scale. Returns dq, dk, dv with q, k, v's shapes, in q's
+    dtype. xp: the inputs' array namespace (module docstring); dout must then have q's dtype.
     """
-    q, k, v = check_qkv(q, k, v)
-    dout = np.asarray(dout, dtype=q.dtype)
-    if dout.shape != q.shape[:-1] + (v.shape[-1],):
-        raise ValueError(f"dout must have shape {q.shape[:-1] + (v.shape[-1],)}, got {dout.shape}")
+    q, k, v = check_qkv(q, k, v, xp)
+    if xp is np:
+        dout = np.asarray(dout, dtype=q.dtype)
+    want = tuple(q.shape[:-1]) + (v.shape[-1],)
+    if tuple(dout.shape) != want:
+        raise ValueError(f"dout must have shape {want}, got {tuple(dout.shape)}")
     scale = default_scale(q.shape[-1], scale)
-    s = q.dtype.type(scale)
-    P = safe_softmax(_scores(q, k, causal, scale))
+    P = safe_softmax(_scores(q, k, causal, scale, xp), xp=xp)
     out = P @ v
-    dv = np.swapaxes(P, -1, -2) @ dout
-    dP = dout @ np.swapaxes(v, -1, -2)
-    D = (dout * out).sum(axis=-1, keepdims=True)
+    dv = xp.swapaxes(P, -1, -2) @ dout
+    dP = dout @ xp.swapaxes(v, -1, -2)
+    D = xp.sum(dout * out, axis=-1, keepdims=True)
     dS = P * (dP - D)
-    return (dS @ k) * s, (np.swapaxes(dS, -1, -2) @ q) * s, dv
+    return (dS @ k) * scale, (xp.swapaxes(dS, -1, -2) @ q) * scale, dv
 
 
 def blocked_attention(q, k, v, *, block_m, block_n, causal=False, scale=None):

@@ -4,6 +4,8 @@ All functions act on the last axis and keep the dtype they are given, so float32
 measures float32 behaviour (naive softmax overflows at logits above ~88.7 in float32).
 """
 
+import math
+
 import numpy as np
 
 
@@ -15,17 +17,21 @@ def naive_softmax(x):
         return e / e.sum(axis=-1, keepdims=True)
 
 
-def safe_softmax(x):
+def safe_softmax(x, *, xp=np):
     """Softmax with the row max m subtracted first: exp(x - m) <= 1, so nothing overflows.
 
-    A row that is entirely -inf (fully masked) gives zeros, not NaN.
+    A row that is entirely -inf (fully masked) gives zeros, not NaN. xp: the array namespace
+    x belongs to (NumPy; or CuPy, or numba_flash.testing.truth's torch adapter, to compute the
+    same on a GPU).
     """
-    x = np.asarray(x)
-    m = x.max(axis=-1, keepdims=True)
-    m_safe = np.where(np.isneginf(m), 0, m)  # guard: -inf - (-inf) would be NaN
-    e = np.exp(x - m_safe)
-    l = e.sum(axis=-1, keepdims=True)
-    return np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    if xp is np:
+        x = np.asarray(x)
+    m = xp.amax(x, axis=-1, keepdims=True)
+    m_safe = xp.where(m == -math.inf, 0, m)  # guard: -inf - (-inf) would be NaN
+    e = xp.exp(x - m_safe)
+    l = xp.sum(e, axis=-1, keepdims=True)
+    # e / l, and 0 where l is not positive (fully masked rows; NaN rows too)
+    return xp.where(l > 0, e / xp.where(l > 0, l, 1), 0)
 
 
 def online_softmax_stats(x):

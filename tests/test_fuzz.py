@@ -2,7 +2,8 @@
 
 from numba_flash import cli
 from numba_flash.registry import PAIRS
-from numba_flash.testing import campaign, mutants
+from numba_flash.testing import Comparison, Outcome, campaign, mutants
+from numba_flash.testing.properties import PROPERTIES
 
 
 def test_fuzz_saves_reproducers_that_replay_fails(tmp_path, capsys):
@@ -29,12 +30,52 @@ def test_fuzz_cli_exits_zero_when_nothing_fails(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+CHEAP = dict(properties=["D = rowsum(P * dP)", "forward agrees"], kernels=["rowwise", "tiled"])
+
+
 def test_fuzz_stops_at_its_deadline(tmp_path):
-    # a deadline already past: no example may run (on the H200 a batch of ten slow examples
-    # once ran 25 s past --seconds, when the deadline was checked between batches only)
+    # a deadline already past: each pair still gets its first example, and no more (on the
+    # H200 a batch of ten slow examples once ran 25 s past --seconds, when the deadline was
+    # checked between batches only)
     outcomes, failures, paths = campaign.fuzz("simulator", seconds=1e-9, directory=str(tmp_path),
-                                              progress=False, properties=["backward agrees"])
-    assert outcomes == [] and failures == [] and paths == []
+                                              progress=False, **CHEAP)
+    assert sorted((o.prop, o.kernel) for o in outcomes) == sorted(campaign.pairs(**CHEAP))
+    assert failures == [] and paths == []
+
+
+def test_fuzz_seconds_are_shared_by_every_pair(tmp_path, capsys):
+    # 4 pairs in 3 s: each must get examples (when the pairs ran in order, batches of ten,
+    # 60 s reached 5 of 34 pairs and no backward property)
+    rc = cli.main(["fuzz", "--profile", "ci", "--seconds", "3", "--out", str(tmp_path)]
+                  + [a for p in CHEAP["properties"] for a in ("--property", p)]
+                  + [a for k in CHEAP["kernels"] for a in ("--kernel", k)])
+    out = capsys.readouterr().out
+    assert rc == 0 and "3 s shared among them" in out
+    counts = {}
+    for line in out.splitlines():
+        for prop, kernel in campaign.pairs(**CHEAP):
+            if line.startswith(prop) and line.split()[len(prop.split())] == kernel:
+                counts[prop, kernel] = int(line.split()[len(prop.split()) + 1])
+    assert len(counts) == 4 and all(n >= 1 for n in counts.values()), out
+
+
+def always_fails(kernel, p):
+    """A stub property: every problem fails, with no kernel run."""
+    return Outcome("always fails", kernel, p, [Comparison("out", 1.0, 1.0, 0.5, False)])
+
+
+def test_every_failure_gets_its_own_reproducer(tmp_path, monkeypatch):
+    monkeypatch.setitem(PROPERTIES, "always fails", (always_fails, "forward", None))
+    outcomes, failures, paths = campaign.fuzz("simulator", examples=6, directory=str(tmp_path),
+                                              progress=False, properties=["always fails"],
+                                              kernels=["rowwise"])
+    assert len(failures) == len(outcomes) >= 6
+    assert len(set(paths)) == len(paths) == len(failures) == len(list(tmp_path.iterdir()))
+    # the same failing problem twice: two files, the first left as it was
+    first = open(paths[0], "rb").read()
+    again = campaign.save_reproducer(failures[0], str(tmp_path))
+    assert again not in paths and open(paths[0], "rb").read() == first
+    assert campaign.load_reproducer(again)[2].as_dict() == failures[0].problem.as_dict()
 
 
 def test_fuzz_cli_rejects_unknown_kernels_and_empty_selections(capsys):

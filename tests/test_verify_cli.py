@@ -1,14 +1,99 @@
-"""`numba-flash verify`'s kernel selection (the GPU run splits verify across processes with it)."""
+"""`numba-flash verify` on the simulator, at tiny sizes: what it checks by default (the pairs
+kernel='auto' runs), --all, --kernel, --case, its summary and exit codes; and what its case
+lists cover."""
 
-from numba_flash import cli
+import pytest
+
+from numba_flash import cli, registry, verify
+from numba_flash.testing import GPU_CASES, SIMULATOR_CASES, Case, mutants
+from numba_flash.testing.campaign import plan
+
+TINY = Case("tiny", 1, 1, 1, 3, 5, 3, causal=True)
 
 
-def test_verify_checks_only_the_chosen_kernels(capsys):
-    assert cli.main(["verify", "--kernel", "rowwise"]) == 0
-    rows = [line.split()[0] for line in capsys.readouterr().out.splitlines()[2:-1]]
-    assert rows and set(rows) == {"fwd/rowwise", "bwd/rowwise"}
+def table(out):
+    """(kernel, dtype, output, pass) of each row verify printed."""
+    return [tuple(line.split()[:3]) + (line.split()[5],) for line in out.splitlines()
+            if line.startswith(("fwd/", "bwd/"))]
 
 
-def test_verify_rejects_unknown_or_no_kernels(capsys):
+def test_default_checks_what_auto_runs_in_both_dtypes(capsys):
+    assert verify.main(True, cases=[TINY], progress=True) == 0
+    captured = capsys.readouterr()
+    rows = table(captured.out)
+    auto = {dt: registry.resolve("auto", TINY.d, dt).name for dt in ("float32", "float64")}
+    assert sorted(rows) == sorted((f"{stage}/{auto[dt]}", dt, out, "yes")
+                                  for dt in auto
+                                  for stage, outs in (("fwd", ("out", "lse")),
+                                                      ("bwd", ("dq", "dk", "dv")))
+                                  for out in outs)
+    assert "what kernel='auto' runs here" in captured.out
+    assert f"checked: {auto['float32']} (float32 on 1 cases, float64 on 1 cases)" in captured.out
+    assert "1 cases, 1 pair, 10 rows: all passed in" in captured.out
+    assert "pair" in captured.err                  # the progress bar, on stderr
+
+
+def test_all_checks_every_registered_pair_once_per_case_and_dtype(capsys):
+    assert verify.main(True, all_pairs=True, cases=[TINY]) == 0
+    rows = table(capsys.readouterr().out)
+    ran = {(kernel.split("/")[1], dt) for kernel, dt, _, _ in rows}
+    expect = {(registry.resolve(name, TINY.d, dt).name, dt)
+              for name in registry.PAIRS for dt in ("float32", "float64")}
+    assert ran == expect and {name for name, _ in ran} == set(registry.PAIRS)
+    # a pair that falls back (wgmma in float64) is not checked twice
+    assert len(rows) == 5 * len(expect)
+
+
+def test_kernel_and_case_choose_the_rows(capsys):
+    assert cli.main(["verify", "--kernel", "rowwise", "--case", "Nq != Nk"]) == 0
+    out = capsys.readouterr().out
+    rows = table(out)
+    assert {r[0] for r in rows} == {"fwd/rowwise", "bwd/rowwise"}
+    assert {r[1] for r in rows} == {"float32", "float64"} and len(rows) == 10
+    assert all("Nq != Nk" in line for line in out.splitlines() if line.startswith("fwd/"))
+    assert "1 cases, 1 pair, 10 rows: all passed" in out
+
+
+def test_a_failing_pair_exits_one():
+    with mutants.registered("D left out of dS") as kernel:
+        assert verify.main(True, kernels=[kernel], cases=[TINY], quiet=True) == 1
+
+
+def test_usage_errors_exit_two(capsys):
     assert cli.main(["verify", "--kernel", "nope"]) == 2
     assert "unknown kernels ['nope']" in capsys.readouterr().err
+    assert cli.main(["verify", "--case", "nope"]) == 2
+    assert "unknown cases ['nope']" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        cli.main(["verify", "--all", "--kernel", "fa2"])
+    assert e.value.code == 2
+
+
+def test_default_plan_follows_auto_per_case_and_dtype():
+    # on an H200 (sm_90): the Hopper pair in float32 up to d = 128, fa2 past it and in float64
+    steps = plan(GPU_CASES, device="sm_90")
+    assert len(steps) == 2 * len(GPU_CASES)
+    for st in steps:
+        want = "wgmma" if st.dtype == "float32" and st.case.d <= 128 else "fa2"
+        assert st.pairs == (want,), (st.case, st.dtype)
+    assert {st.pairs for st in plan(GPU_CASES, device="sm_80")} == {("fa2",)}
+    # --kernel wgmma in float64 runs its fallback, and a name nothing runs is skipped
+    st = plan([GPU_CASES[0]], ("float64",), ["wgmma", "fa2"], device="sm_90")[0]
+    assert st.pairs == ("fa2",) and st.skipped == ()
+
+
+@pytest.mark.parametrize("cases", [SIMULATOR_CASES, GPU_CASES], ids=["SIMULATOR_CASES", "GPU_CASES"])
+def test_cases_cover_the_hard_shapes(cases):
+    covered = {
+        "odd shapes": any(c.Nq % 2 and c.Nk % 2 for c in cases),
+        "Nq != Nk": any(c.Nq != c.Nk for c in cases),
+        "causal": any(c.causal and c.Nq == c.Nk for c in cases),
+        "causal Nq < Nk": any(c.causal and c.Nq < c.Nk for c in cases),
+        "GQA": any(c.Hk < c.H for c in cases),
+        "batch > 1": any(c.B > 1 for c in cases),
+        "logits x1e3": any(c.logit_scale >= 1e3 for c in cases),
+        "fully masked rows": any(c.causal and c.Nq > c.Nk for c in cases),
+        "d not a multiple of 8": any(c.d % 8 for c in cases),
+        "Nq = 1": any(c.Nq == 1 for c in cases),
+    }
+    assert all(covered.values()), [k for k, v in covered.items() if not v]

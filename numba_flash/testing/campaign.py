@@ -2,20 +2,24 @@
 by `numba-flash fuzz` (a campaign that records every failure as a reproducer file) and by
 `numba-flash replay`."""
 
+import hashlib
+import itertools
 import json
 import os
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import numpy as np
-from hypothesis import assume, given, settings, target
+from hypothesis import Verbosity, assume, given, settings, target
 
 from ..api import flash_attention_backward, flash_attention_forward
 from ..registry import PAIRS
-from .cases import GPU_CASES, SIMULATOR_CASES
+from .cases import GPU_CASES, SIMULATOR_CASES, Case
 from .properties import PROPERTIES
 from .strategies import Problem, problems
-from .tolerance import check_backward, check_forward
+from .tolerance import backward_truth, check_backward, check_forward, forward_truth
 
 
 def pairs(properties=None, kernels=None):
@@ -40,8 +44,10 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     (with the comparison report) unless raise_on_failure is False; every outcome is passed to
     on_outcome. tiles: draw tile sizes for "forward" or "backward" from what the kernel
     accepts (registry.tile_choices), or None for its defaults ("auto": as the property says).
-    should_stop() -> True makes the remaining examples return without running (a deadline).
-    settings_kw override the loaded profile (e.g. max_examples)."""
+    should_stop() -> True, asked before each example runs, ends the search there (a deadline;
+    the examples run so far stand; such a search reports nothing itself, Verbosity.quiet:
+    Hypothesis would take the stop for an error and print a seed to reproduce it).
+    settings_kw override the loaded profile (max_examples)."""
     from .. import registry
     func, kind, prop_tiles = PROPERTIES[prop]
     if tiles == "auto":
@@ -53,7 +59,7 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     @given(problems(size=size, dtypes=dtypes, tiles=(kernel, tiles) if tiles else None))
     def run(p):
         if should_stop is not None and should_stop():
-            return                      # past the deadline: Problems are drawn lazily, cheap
+            raise _Stop                 # not an Exception: Hypothesis lets it through at once
         assume(registry.runs(kernel, p.d, p.dtype))
         outcome = func(kernel, p)
         assume(outcome is not None)
@@ -63,31 +69,101 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
         if raise_on_failure:
             assert outcome.ok, outcome.report()
 
+    if should_stop is not None:
+        settings_kw.setdefault("verbosity", Verbosity.quiet)
     if settings_kw:
         run = settings(**settings_kw)(run)
-    run()
+    try:
+        run()
+    except _Stop:
+        pass
 
 
-def run_checks(cases, dtypes=("float32", "float64"), kernels=None):
-    """Yield one row per (kernel, dtype, case, output): dict with kernel, dtype, case,
-    output, max_err, allowed, ok, note. kernels: registered pair names (default all)."""
-    kernels = sorted(PAIRS) if kernels is None else kernels
+class _Stop(BaseException):
+    """Raised inside a search to end it (search's should_stop): like KeyboardInterrupt,
+    Hypothesis neither counts it as a failure nor shrinks it, and re-raises it."""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One (case, dtype) of a verify plan: the pairs that run it (registered names, after
+    resolution and without repeats) and the asked names that no pair runs here."""
+    case: Case
+    dtype: str
+    pairs: tuple
+    skipped: tuple = ()
+
+
+def plan(cases, dtypes=("float32", "float64"), kernels=None, device=None):
+    """The Steps `run_checks` takes: for each case and dtype, the pair each name of `kernels`
+    resolves to on `device` (registry.resolve; default this process's), "auto" (the default,
+    kernels=None) being what flash_attention_forward/backward run by default. A name that
+    falls back (wgmma -> fa2 in float64) runs as its fallback, once however many names lead
+    there; one that nothing runs for that case is listed in Step.skipped."""
+    from .. import registry
+    kernels = ["auto"] if kernels is None else list(kernels)
+    device = device or registry.current_device()
+    steps = []
     for case in cases:
         for dtype in dtypes:
-            q, k, v, dout = case.inputs(dtype)
+            pairs, skipped = [], []
             for name in kernels:
+                if not registry.runs(name, case.d, dtype, device):
+                    skipped.append(name)
+                    continue
+                ran = registry.resolve(name, case.d, dtype, device).name
+                if ran not in pairs:
+                    pairs.append(ran)
+            steps.append(Step(case, np.dtype(dtype).name, tuple(pairs), tuple(skipped)))
+    return steps
+
+
+def case_truth(case, dtype, ns=None):
+    """(inputs, ForwardTruth, BackwardTruth) of `case` in `dtype`: what every pair's rows on it
+    are compared with (float64 truth in truth.Namespace `ns`; default NumPy)."""
+    q, k, v, dout = inputs = case.inputs(dtype)
+    return (inputs, forward_truth(q, k, v, causal=case.causal, ns=ns),
+            backward_truth(dout, q, k, v, causal=case.causal, ns=ns))
+
+
+def run_checks(cases, dtypes=("float32", "float64"), kernels=None, ns=None, on_step=None,
+               steps=None):
+    """Yield one row per (pair, dtype, case, output): dict with kernel ("fwd/NAME" or
+    "bwd/NAME", NAME the pair that ran), pair, dtype, case, output, max_err, allowed, ok, note.
+    Each pair runs its forward, then its backward on that forward's out and lse.
+    kernels: registered names or "auto" (default ["auto"]: what the API runs by default);
+    see plan(), or pass its `steps`. Truth is computed once per (case, dtype) for all pairs,
+    ahead, by a few threads (NumPy's long double loops and BLAS let go of the GIL), in
+    truth.Namespace `ns` (default NumPy). on_step(step, pair) is called after each pair."""
+    steps = plan(cases, dtypes, kernels) if steps is None else steps
+    pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
+    try:
+        truths = [pool.submit(case_truth, st.case, st.dtype, ns) if st.pairs else None
+                  for st in steps]
+        for st, future in zip(steps, truths):
+            if future is None:
+                continue
+            (q, k, v, dout), f_truth, b_truth = future.result()
+            case = st.case
+            for name in st.pairs:
                 out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel=name)
-                for c in check_forward(q, k, v, out, lse, causal=case.causal):
-                    yield _row(f"fwd/{name}", dtype, case, c)
+                for c in check_forward(q, k, v, out, lse, causal=case.causal, truth=f_truth):
+                    yield _row("fwd", name, st.dtype, case, c)
                 grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
                                                  kernel=name)
-                for c in check_backward(dout, q, k, v, *grads, causal=case.causal):
-                    yield _row(f"bwd/{name}", dtype, case, c)
+                for c in check_backward(dout, q, k, v, *grads, causal=case.causal,
+                                        truth=b_truth):
+                    yield _row("bwd", name, st.dtype, case, c)
+                if on_step is not None:
+                    on_step(st, name)
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _row(kernel, dtype, case, c):
-    return dict(kernel=kernel, dtype=np.dtype(dtype).name, case=f"{case.name}: {case}",
-                output=c.name, max_err=c.max_err, allowed=c.allowed, ok=c.ok, note=c.note)
+def _row(stage, pair, dtype, case, c):
+    return dict(kernel=f"{stage}/{pair}", pair=pair, dtype=np.dtype(dtype).name,
+                case=f"{case.name}: {case}", output=c.name, max_err=c.max_err,
+                allowed=c.allowed, ok=c.ok, note=c.note)
 
 
 def check_kernel(kernel, examples=10, size=None):
@@ -109,16 +185,27 @@ def check_kernel(kernel, examples=10, size=None):
 
 
 def save_reproducer(outcome, directory):
-    """Write the failing example (inputs + parameters + comparisons) to an .npz file."""
+    """Write the failing example (inputs + parameters + comparisons) to a new .npz file in
+    `directory`, named after the property, the kernel, the problem's seed and a hash of the
+    whole problem, with -2, -3, ... where that name is taken (the same problem may fail more
+    than once): an existing file is never overwritten. Returns its path."""
     os.makedirs(directory, exist_ok=True)
     p = outcome.problem
     slug = "".join(ch if ch.isalnum() else "-" for ch in f"{outcome.prop}-{outcome.kernel}")
-    path = os.path.join(directory, f"{slug}-{p.seed}.npz")
+    digest = hashlib.sha1(json.dumps(p.as_dict(), sort_keys=True, default=str).encode())
+    stem = os.path.join(directory, f"{slug}-{p.seed}-{digest.hexdigest()[:8]}")
     q, k, v, dout = p.inputs()
     meta = dict(prop=outcome.prop, kernel=outcome.kernel, problem=p.as_dict(),
                 comparisons=[str(c) for c in outcome.comparisons])
-    np.savez_compressed(path, q=q, k=k, v=v, dout=dout, meta=json.dumps(meta))
-    return path
+    for n in itertools.count(1):
+        path = f"{stem}.npz" if n == 1 else f"{stem}-{n}.npz"
+        try:
+            f = open(path, "xb")        # exclusive: fails where the file exists
+        except FileExistsError:
+            continue
+        with f:
+            np.savez_compressed(f, q=q, k=k, v=v, dout=dout, meta=json.dumps(meta))
+        return path
 
 
 def load_reproducer(path):
@@ -132,16 +219,25 @@ def load_reproducer(path):
 def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=True,
          properties=None, kernels=None):
     """Run every (property, kernel) pair (of `properties` and `kernels`, default all, see
-    pairs()): `examples` each, or
-    batches of 10 round-robin until `seconds` have passed (checked before every example, so a
-    slow example overruns by itself only). Returns (outcomes, failures, reproducer paths)."""
+    pairs()), one Hypothesis search each: `examples` examples each, or, with `seconds`, for
+    a share of the time: each pair in turn until its deadline, the time left over the pairs
+    left (so a pair that ends early, or overruns by one slow example, leaves the others their
+    share). Each pair runs until it has one outcome whatever the clock says (Hypothesis starts
+    with its simplest problem, a cheap one), so every pair is tried. Every failure is saved at
+    once as a reproducer (save_reproducer). Returns (outcomes, failures, reproducer paths);
+    tally(outcomes, pairs(...)) counts them per pair."""
     from tqdm import tqdm
+    if examples is None and not seconds:
+        raise ValueError("fuzz needs examples or seconds")
     todo = pairs(properties, kernels)
     outcomes, failures, paths = [], [], []
     bar = tqdm(total=(examples or 0) * len(todo) or None, disable=not progress, unit="example")
+    got = {}                            # pair -> outcomes so far
 
     def record(outcome):
         outcomes.append(outcome)
+        key = (outcome.prop, outcome.kernel)
+        got[key] = got.get(key, 0) + 1
         bar.update(1)
         bar.set_postfix_str(f"{outcome.prop} [{outcome.kernel}] failures {len(failures)}")
         if not outcome.ok:
@@ -151,18 +247,31 @@ def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=Tr
             # (a GPU run) still leaves every failure it found in its log
             bar.write(f"FAILED {outcome.report()}\n  reproducer: {paths[-1]}", file=sys.stderr)
 
-    start = time.time()
+    end = time.time() + (seconds or 0)
+    for i, (prop, kernel) in enumerate(todo):
+        stop = None
+        if seconds:
+            deadline = time.time() + max(0.0, end - time.time()) / (len(todo) - i)
+            tried = [0]
 
-    def past_deadline():
-        return bool(seconds) and time.time() - start > seconds
-
-    while True:
-        for prop, kernel in todo:
-            search(prop, kernel, size, on_outcome=record, raise_on_failure=False,
-                   max_examples=examples or 10, should_stop=past_deadline)
-            if past_deadline():
-                break
-        if not seconds or past_deadline():
-            break
+            def stop(key=(prop, kernel), deadline=deadline, tried=tried):
+                tried[0] += 1
+                # past the deadline: stop once the pair has an outcome, or has tried 20
+                # examples without one (problems the property does not apply to)
+                return time.time() > deadline and (got.get(key, 0) > 0 or tried[0] > 20)
+        search(prop, kernel, size, on_outcome=record, raise_on_failure=False,
+               max_examples=examples or 10 ** 6, should_stop=stop)
     bar.close()
     return outcomes, failures, paths
+
+
+def tally(outcomes, todo):
+    """[(property, kernel, examples, failures, worst error / allowed)] for each pair of
+    `todo` (pairs()), in its order, counting `outcomes` (fuzz's)."""
+    rows = {pair: [0, 0, 0.0] for pair in todo}
+    for o in outcomes:
+        row = rows.setdefault((o.prop, o.kernel), [0, 0, 0.0])
+        row[0] += 1
+        row[1] += not o.ok
+        row[2] = max(row[2], o.worst)
+    return [(prop, kernel, *row) for (prop, kernel), row in rows.items()]

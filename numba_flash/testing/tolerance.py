@@ -1,7 +1,9 @@
 """Tolerance relative to what the precision allows (DESIGN.md).
 
 Truth is computed one precision above the kernel's: float64 for float32 kernels, long double
-(80-bit on x86) for float64 kernels. A kernel passes when its max error against truth is at
+(80-bit on x86) for float64 kernels. forward_truth/backward_truth compute it once for every
+kernel run on the same inputs, the float64 one on a GPU if asked (truth.py; same formulas,
+same rule). A kernel passes when its max error against truth is at
 most `multiple` times the error of plain NumPy attention in the kernel's precision on the same
 inputs (2x forward, 3x gradients), plus a rounding floor of FLOOR_ULPS units of roundoff
 times the largest truth value. NaN never passes; the -inf pattern of lse must match exactly.
@@ -51,6 +53,8 @@ from dataclasses import dataclass
 import numpy as np
 
 import reference as ref
+
+from . import truth as truth_mod
 
 FORWARD_MULTIPLE = 2.0
 GRADIENT_MULTIPLE = 3.0
@@ -116,23 +120,53 @@ def expand_kv(q, k, v):
     return k, v
 
 
-def check_forward(q, k, v, out, lse, *, causal=False, scale=None):
-    """[Comparison(out), Comparison(lse)] of a kernel's forward against truth."""
+def _truth_in(ns, hi):
+    """The namespace truth of dtype `hi` is computed in: `ns` for float64 (a GPU's, see
+    truth.namespace), NumPy for long double, which GPUs do not have."""
+    return ns if ns is not None and np.dtype(hi) == np.float64 else truth_mod.NUMPY
+
+
+@dataclass(frozen=True)
+class ForwardTruth:
+    """What check_forward compares a forward's (out, lse) with, for one (q, k, v): truth one
+    precision up, NumPy's attention in the kernels' precision, and the rounding allowances'
+    sizes. Computed once (forward_truth), it serves every kernel run on those inputs."""
+    dtype: np.dtype
+    out: np.ndarray
+    lse: np.ndarray
+    same_out: np.ndarray
+    same_lse: np.ndarray
+    v_max: float
+    v_spread: float
+    s_err: float
+
+
+def forward_truth(q, k, v, *, causal=False, scale=None, ns=None):
+    """ForwardTruth of (q, k, v). ns: a truth.Namespace to compute float64 truth in (the
+    GPU's: truth.namespace()); default NumPy. The rule is the same either way."""
     q, k, v = (np.asarray(a) for a in (q, k, v))
     dtype = q.dtype
     k, v = expand_kv(q, k, v)
     hi = truth_dtype(dtype)
-    t_out, t_lse = ref.attention_forward(q.astype(hi), k.astype(hi), v.astype(hi),
-                                         causal=causal, scale=scale)
+    t_out, t_lse = truth_mod.attention_forward(q.astype(hi), k.astype(hi), v.astype(hi),
+                                               causal=causal, scale=scale, ns=_truth_in(ns, hi))
     with np.errstate(over="ignore"):
         p_out, p_lse = ref.attention_forward(q, k, v, causal=causal, scale=scale)
     # out_i = sum_j P_ij v_j with sum_j P_ij = 1: its terms are at most max |v|
     v_max = float(np.abs(v).max(initial=0.0))
     v_spread = float((v.max(axis=-2) - v.min(axis=-2)).max()) if v.size else 0.0
-    s_err = logit_rounding(q, k, scale)
-    return [compare("out", out, t_out, p_out, FORWARD_MULTIPLE, dtype, terms=v_max,
-                    extra=v_spread * s_err),
-            compare("lse", lse, t_lse, p_lse, FORWARD_MULTIPLE, dtype, extra=s_err)]
+    return ForwardTruth(dtype, t_out, t_lse, p_out, p_lse, v_max, v_spread,
+                        logit_rounding(q, k, scale))
+
+
+def check_forward(q, k, v, out, lse, *, causal=False, scale=None, truth=None):
+    """[Comparison(out), Comparison(lse)] of a kernel's forward against truth. truth: a
+    ForwardTruth of these inputs (forward_truth), to share between kernels; default computed
+    here, in NumPy."""
+    t = truth if truth is not None else forward_truth(q, k, v, causal=causal, scale=scale)
+    return [compare("out", out, t.out, t.same_out, FORWARD_MULTIPLE, t.dtype, terms=t.v_max,
+                    extra=t.v_spread * t.s_err),
+            compare("lse", lse, t.lse, t.same_lse, FORWARD_MULTIPLE, t.dtype, extra=t.s_err)]
 
 
 def logit_rounding(q, k, scale=None):
@@ -147,25 +181,46 @@ def logit_rounding(q, k, scale=None):
     return S_ROUNDING_ULPS * float(np.finfo(q.dtype).eps) * terms
 
 
-def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None):
-    """[Comparison(dq), Comparison(dk), Comparison(dv)] against truth; under GQA the truth
-    of dk and dv sums over the query heads that share a key head."""
+@dataclass(frozen=True)
+class BackwardTruth:
+    """What check_backward compares (dq, dk, dv) with, for one (dout, q, k, v): truth one
+    precision up and NumPy's in the kernels' precision (dk, dv summed over GQA groups), and
+    each gradient's term size and extra floor (_gradient_terms)."""
+    dtype: np.dtype
+    grads: tuple
+    same: tuple
+    terms: tuple
+    extras: tuple
+
+
+def backward_truth(dout, q, k, v, *, causal=False, scale=None, ns=None):
+    """BackwardTruth of (dout, q, k, v); ns as in forward_truth."""
     dout, q, k, v = (np.asarray(a) for a in (dout, q, k, v))
     dtype = q.dtype
     kv_heads = k.shape[1] if k.ndim == 4 else None
     k, v = expand_kv(q, k, v)
     hi = truth_dtype(dtype)
-    truth = ref.attention_backward(dout.astype(hi), q.astype(hi), k.astype(hi), v.astype(hi),
-                                   causal=causal, scale=scale)
+    truth = truth_mod.attention_backward(dout.astype(hi), q.astype(hi), k.astype(hi),
+                                         v.astype(hi), causal=causal, scale=scale,
+                                         ns=_truth_in(ns, hi))
     with np.errstate(over="ignore", invalid="ignore"):
         same = ref.attention_backward(dout, q, k, v, causal=causal, scale=scale)
     if kv_heads is not None and kv_heads != q.shape[1]:
         truth = (truth[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in truth[1:])
         same = (same[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in same[1:])
     terms, extras = _gradient_terms(dout, q, k, v, causal, scale, kv_heads)
-    return [compare(name, got, t, s, GRADIENT_MULTIPLE, dtype, terms=m, extra=e)
-            for name, got, t, s, m, e in zip(("dq", "dk", "dv"), (dq, dk, dv), truth, same,
-                                             terms, extras)]
+    return BackwardTruth(dtype, tuple(truth), tuple(same), tuple(terms), tuple(extras))
+
+
+def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None, truth=None):
+    """[Comparison(dq), Comparison(dk), Comparison(dv)] against truth; under GQA the truth
+    of dk and dv sums over the query heads that share a key head. truth: a BackwardTruth of
+    these inputs (backward_truth), to share between kernels; default computed here, in NumPy."""
+    t = truth if truth is not None else backward_truth(dout, q, k, v, causal=causal,
+                                                       scale=scale)
+    return [compare(name, got, g, s, GRADIENT_MULTIPLE, t.dtype, terms=m, extra=e)
+            for name, got, g, s, m, e in zip(("dq", "dk", "dv"), (dq, dk, dv), t.grads,
+                                             t.same, t.terms, t.extras)]
 
 
 def reference_p_dp(q, k, v, dout, causal=False, scale=None, dtype=np.float64):
