@@ -27,6 +27,7 @@ from numba import cuda
 
 from .support import (NEG_INF, U, ceil_div, check_block, check_head_dim, check_shared_memory,
                      kv_head, numba_type)
+from .support import cached_jit
 
 THREADS_X = 16
 THREADS_Y = 8
@@ -85,7 +86,7 @@ def make_preprocess_kernel(head_dim, dtype, clear=False):
     uD, uR, uT = U(head_dim), U(R), U(PREPROCESS_THREADS)
     CLEAR = bool(clear)
 
-    @cuda.jit
+    @cached_jit
     def preprocess(dout, out, D, dq):
         products = cuda.shared.array((R, W), T)     # dO_ic O_ic of the block's rows
         bh = U(cuda.blockIdx.y)
@@ -204,7 +205,7 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     TD, TJ = D_PAD // TX, BLOCK_N // TY            # this thread's columns of d, rows of K/V
     uBM, uBN, uD, uNT, uTX, uTY = (U(x) for x in (BLOCK_M, BLOCK_N, D, TY * TX, TX, TY))
 
-    @cuda.jit
+    @cached_jit
     def dkdv(q, k, v, dout, lse, Dvec, dk, dv, scale, heads, group):
         kvh = U(cuda.blockIdx.y)                       # index into B*Hk
         tx = U(cuda.threadIdx.x)
@@ -288,7 +289,7 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     TD, TM = D_PAD // TX, BLOCK_M // TY
     uBM, uBN, uD, uNT, uTX, uTY = (U(x) for x in (BLOCK_M, BLOCK_N, D, TY * TX, TX, TY))
 
-    @cuda.jit
+    @cached_jit
     def dq_kernel(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
         bh = U(cuda.blockIdx.y)
         kvh = U(kv_head(cuda.blockIdx.y, heads, group))

@@ -18,6 +18,7 @@ from numba import cuda
 
 from numba_flash.kernels.support import (NEG_INF, check_block, check_head_dim,
                                          check_shared_memory, kv_head, numba_type)
+from numba_flash.kernels.support import cached_jit
 
 
 def default_blocks(head_dim, dtype):
@@ -42,7 +43,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
                         2 * block_n * head_dim * item, "choose a smaller block_n")
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
 
-    @cuda.jit
+    @cached_jit
     def forward_rowwise(q, k, v, out, lse, scale, heads, group):
         bh = cuda.blockIdx.y
         kv = kv_head(bh, heads, group)

@@ -24,6 +24,7 @@ from numba import cuda
 from numba_flash.kernels.support import (NEG_INF, U, ceil_div, check_block,
                                          check_head_dim, check_shared_memory, kv_head,
                                          numba_type)
+from numba_flash.kernels.support import cached_jit
 
 THREADS_X = 16   # TX: threads along the key / head-dim axis
 THREADS_Y = 8    # TY: threads along the query axis
@@ -84,7 +85,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None)
     uBM, uBN, uD, uDP, uNT, uTX, uTY, uSR = (U(x) for x in (BLOCK_M, BLOCK_N, D, D_PAD,
                                                            TY * TX, TX, TY, S_ROW))
 
-    @cuda.jit
+    @cached_jit
     def forward_tiled(q, k, v, out, lse, scale, heads, group):
         bh = U(cuda.blockIdx.y)
         kv = U(kv_head(cuda.blockIdx.y, heads, group))
