@@ -29,7 +29,8 @@ So here (FlashCache, a numba-cuda CUDACache with its own locator and key):
 - the key hashes a deterministic pickle of the kernel function *by value*: its code object
   (co_code and co_consts), the globals it names, its closure, recursively through device
   functions (CUDA dispatchers pickle as their py_func), with intrinsics as (name, definition)
-  instead of their uuid, and every function of this package or of a file outside the
+  instead of their uuid, numba and llvmlite types as their names (their __dict__ holds a
+  per-process type code and, after a compile, a cached string), and every function of this package or of a file outside the
   installed libraries by value too: the code in memory, not only the files on disk (the
   mutants of numba_flash.testing.mutants, built from edited source under the original file
   name, get keys of their own), plus the jit options and numba's (signature, GPU arch,
@@ -217,8 +218,8 @@ def attach(dispatcher):
     return True
 
 
-def _intrinsic_key(name, defn):
-    """Stands in for an @intrinsic in the key's pickle (never called)."""
+def _intrinsic_key(*what):
+    """Stands in for an @intrinsic or a type in the key's pickle (never called)."""
     raise RuntimeError("only for hashing")
 
 
@@ -245,6 +246,9 @@ def _classes():
         from numba.cuda.extending import _Intrinsic
         from numba.cuda.serialize import NumbaPickler
 
+        from llvmlite import ir
+        from numba.core import types as core_types      # numba.cuda.types.Type is the same
+        type_classes = (core_types.Type,)
         installed = _installed_prefixes()
 
         def by_value(func):
@@ -263,6 +267,14 @@ def _classes():
             def reducer_override(self, obj):
                 if isinstance(obj, _Intrinsic):
                     return _intrinsic_key, (obj._name, obj._defn)
+                # types by what they are: a numba type pickles its __dict__, which holds
+                # _code (a per-process counter, in creation order) and an llvmlite type
+                # caches its str() in its __dict__ once printed (after a compile)
+                if isinstance(obj, type_classes):
+                    return _intrinsic_key, (type(obj).__module__, type(obj).__qualname__,
+                                            obj.name)
+                if isinstance(obj, ir.Type):
+                    return _intrinsic_key, ("llvmlite", type(obj).__qualname__, str(obj))
                 if isinstance(obj, types.FunctionType) and by_value(obj):
                     return self._dynamic_function_reduce(obj)
                 return super().reducer_override(obj)
