@@ -25,7 +25,7 @@ import numpy as np
 
 from numba import cuda
 
-from .support import (NEG_INF, U, ceil_div, check_block, check_head_dim, check_shared_memory,
+from .support import (NEG_INF, cached_jit, U, ceil_div, check_block, check_head_dim, check_shared_memory,
                      head_grid, head_index, kv_head, numba_type)
 
 THREADS_X = 16
@@ -85,7 +85,7 @@ def make_preprocess_kernel(head_dim, dtype, clear=False):
     uD, uR, uT = U(head_dim), U(R), U(PREPROCESS_THREADS)
     CLEAR = bool(clear)
 
-    @cuda.jit
+    @cached_jit
     def preprocess(dout, out, D, dq):
         products = cuda.shared.array((R, W), T)     # dO_ic O_ic of the block's rows
         head = head_index()
@@ -207,7 +207,7 @@ def make_dkdv_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     TD, TJ = D_PAD // TX, BLOCK_N // TY            # this thread's columns of d, rows of K/V
     uBM, uBN, uD, uNT, uTX, uTY = (U(x) for x in (BLOCK_M, BLOCK_N, D, TY * TX, TX, TY))
 
-    @cuda.jit
+    @cached_jit
     def dkdv(q, k, v, dout, lse, Dvec, dk, dv, scale, heads, group):
         head = head_index()                # index into B*Hk
         if head >= k.shape[0]:      # a block past the last head (support.head_grid)
@@ -294,7 +294,7 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
     TD, TM = D_PAD // TX, BLOCK_M // TY
     uBM, uBN, uD, uNT, uTX, uTY = (U(x) for x in (BLOCK_M, BLOCK_N, D, TY * TX, TX, TY))
 
-    @cuda.jit
+    @cached_jit
     def dq_kernel(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
         head = head_index()
         if head >= q.shape[0]:      # a block past the last head (support.head_grid)

@@ -16,7 +16,7 @@ import numpy as np
 
 from numba import cuda
 
-from numba_flash.kernels.support import (NEG_INF, check_block, check_head_dim,
+from numba_flash.kernels.support import (NEG_INF, cached_jit, check_block, check_head_dim,
                                          check_shared_memory, head_index, kv_head,
                                          numba_type)
 
@@ -43,7 +43,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
                         2 * block_n * head_dim * item, "choose a smaller block_n")
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
 
-    @cuda.jit
+    @cached_jit
     def forward_rowwise(q, k, v, out, lse, scale, heads, group):
         bh = head_index()
         if bh >= q.shape[0]:                           # past the last head (support.head_grid)

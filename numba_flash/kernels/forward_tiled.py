@@ -21,7 +21,7 @@ import numpy as np
 
 from numba import cuda
 
-from numba_flash.kernels.support import (NEG_INF, U, ceil_div, check_block,
+from numba_flash.kernels.support import (NEG_INF, cached_jit, U, ceil_div, check_block,
                                          check_head_dim, check_shared_memory, head_index,
                                          kv_head, numba_type)
 
@@ -84,7 +84,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None)
     uBM, uBN, uD, uDP, uNT, uTX, uTY, uSR = (U(x) for x in (BLOCK_M, BLOCK_N, D, D_PAD,
                                                            TY * TX, TX, TY, S_ROW))
 
-    @cuda.jit
+    @cached_jit
     def forward_tiled(q, k, v, out, lse, scale, heads, group):
         head = head_index()
         if head >= q.shape[0]:      # a block past the last head (support.head_grid)

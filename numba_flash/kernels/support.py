@@ -12,6 +12,8 @@ import numba
 import numpy as np
 from numba import cuda
 
+from .cache import cached_jit  # noqa: F401  (the kernels' jit: cuda.jit with the disk cache)
+
 # Which numba.cuda this process imported (fixed at its first import): the simulator's or the GPU's.
 SIMULATOR = cuda.jit.__module__.startswith("numba.cuda.simulator")
 
@@ -163,14 +165,18 @@ class DynamicSharedKernel:
 REGISTERS = 65536        # 32-bit registers per SM (sm_80 and sm_90)
 
 
-def kernel_jit(threads):
+def kernel_jit(threads=None):
     """cuda.jit for a kernel of `threads` threads per block: above 256 threads, with
     max_registers = REGISTERS // threads, so that one block fits on an SM at all (ptxas takes
     up to 255 per thread when not told, which 512 threads cannot have: the launch would fail);
-    at 256 or fewer, plain cuda.jit (the default kernels' code is as it was timed)."""
-    if threads > 256 and not SIMULATOR:
-        return cuda.jit(max_registers=REGISTERS // threads)
-    return cuda.jit
+    at 256 or fewer, plain cuda.jit (the default kernels' code is as it was timed).
+    On a GPU the kernel is cached on disk across processes (cache.cached_jit; threads=None:
+    no register cap, for the kernels that used to be plain @cuda.jit)."""
+    if SIMULATOR:
+        return cuda.jit
+    if threads is not None and threads > 256:
+        return cached_jit(max_registers=REGISTERS // threads)
+    return cached_jit
 
 
 ALIGN = None if SIMULATOR else 16      # of the dynamic shared array; the simulator rejects one
