@@ -57,6 +57,10 @@ class Pair:
     can_run(d, dtype, device) -> bool; fallback: the pair to run where it cannot.
     fixed_tiles: the pair has one tile shape per (d, dtype) (no tile invariance to test).
     atomic_dq: dq is added with atomics unless deterministic=True (not bitwise reproducible).
+    exact_infinities: an infinite entry of q or k gives what IEEE arithmetic on q k^T gives
+    (a logit of -inf: a masked key); False for pairs whose products split float32 into TF32
+    parts on tensor cores, where inf's small part is NaN and such rows come out NaN (the
+    "non-finite inputs" properties allow them NaN there, never a finite answer).
     """
     name: str
     make_forward: Callable
@@ -68,6 +72,7 @@ class Pair:
     fallback: str = None
     fixed_tiles: bool = False
     atomic_dq: bool = False
+    exact_infinities: bool = True
     summary: str = ""
 
     def accepts(self, kind, block_m, block_n, d, dtype, deterministic=False):
@@ -198,6 +203,7 @@ register(Pair(
 register(Pair(
     "fa2", forward_fa2.make_forward_kernel, _fa2_backward,
     forward_fa2.default_blocks, _fa2_backward_tiles, _check_fa2_backward, atomic_dq=True,
+    exact_infinities=False,
     summary="FlashAttention-2's work split; float32 backward products on mma.sync (3xTF32)"))
 register(Pair(
     "wgmma", forward_wgmma.make_forward_kernel, backward_wgmma.run_backward,
@@ -205,5 +211,5 @@ register(Pair(
     lambda d, dtype, det: backward_wgmma.tiles(d),
     backward_wgmma.check_tiles, can_run=lambda d, dtype, device: (
         np.dtype(dtype) == np.float32 and 1 <= d <= 128 and device in ("sm_90", "simulator")),
-    fallback="fa2", fixed_tiles=True, atomic_dq=True,
+    fallback="fa2", fixed_tiles=True, atomic_dq=True, exact_infinities=False,
     summary="Hopper warpgroup products (wgmma), 3xTF32: float32, d <= 128, sm_90"))

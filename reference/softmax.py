@@ -20,7 +20,8 @@ def naive_softmax(x):
 def safe_softmax(x, *, xp=np):
     """Softmax with the row max m subtracted first: exp(x - m) <= 1, so nothing overflows.
 
-    A row that is entirely -inf (fully masked) gives zeros, not NaN. xp: the array namespace
+    A row that is entirely -inf (fully masked) gives zeros, not NaN; a row holding a NaN or
+    +inf gives NaN, as IEEE arithmetic does (exp(inf - inf) is NaN). xp: the array namespace
     x belongs to (NumPy; or CuPy, or numba_flash.testing.truth's torch adapter, to compute the
     same on a GPU).
     """
@@ -30,8 +31,8 @@ def safe_softmax(x, *, xp=np):
     m_safe = xp.where(m == -math.inf, 0, m)  # guard: -inf - (-inf) would be NaN
     e = xp.exp(x - m_safe)
     l = xp.sum(e, axis=-1, keepdims=True)
-    # e / l, and 0 where l is not positive (fully masked rows; NaN rows too)
-    return xp.where(l > 0, e / xp.where(l > 0, l, 1), 0)
+    # e / l, and 0 where l = 0 (fully masked rows); NaN l (a NaN or +inf in the row) stays NaN
+    return xp.where(l == 0, 0, e / xp.where(l == 0, 1, l))
 
 
 def online_softmax_stats(x):

@@ -32,9 +32,11 @@ def test_unmutated_kernels_pass_the_same_search():
                                ("backward agrees", "tiled", "simulator"),
                                ("backward agrees", "fa2", "simulator"),
                                ("backward agrees", "wgmma", "simulator"),
-                               ("backward agrees", "wgmma", "simulator-wide")):
-        campaign.search(prop, kernel, size, max_examples=2 if size != "simulator" else 4,
-                        derandomize=True, phases=[Phase.generate])
+                               ("backward agrees", "wgmma", "simulator-wide"),
+                               ("forward agrees", "wgmma", "simulator-blocks"),
+                               ("non-finite inputs (forward)", "rowwise", "simulator")):
+        campaign.search(prop, kernel, size, max_examples=2, derandomize=True,
+                        phases=[Phase.generate])
 
 
 def test_every_family_has_mutants():

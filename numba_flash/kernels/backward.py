@@ -25,8 +25,8 @@ import numpy as np
 
 from numba import cuda
 
-from .support import (NEG_INF, cached_jit, U, ceil_div, check_block, check_head_dim, check_shared_memory,
-                     head_grid, head_index, kv_head, numba_type)
+from .support import (NEG_INF, U, cached_jit, ceil_div, check_block, check_head_dim,
+                      check_shared_memory, head_grid, head_index, kv_head, numba_type)
 
 THREADS_X = 16
 THREADS_Y = 8

@@ -365,7 +365,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                 l_i = T(0.0)
                 for t in range(TX):
                     l_i += sm[uR + r * uRR + U(t)]
-                inv_l = T(1.0) / l_i if l_i > T(0.0) else T(0.0)
+                inv_l = T(1.0) / l_i if l_i != T(0.0) else T(0.0)   # l NaN: out NaN
                 for e in range(TE):
                     if VEC:                    # the run of CHUNK == VECTOR columns in one store
                         col = U(e) * uRUN + tx * uCH
@@ -380,7 +380,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                         if col < uD:
                             out[bh, i, col] = o[a, e * CHUNK + cc] * inv_l
                 if tx == U(0):
-                    lse[bh, i] = m[a] + math.log(l_i) if l_i > T(0.0) else T(NEG_INF)
+                    lse[bh, i] = m[a] + math.log(l_i) if l_i != T(0.0) else T(NEG_INF)
 
     check = require_aligned(range(4), "fa2 forward with vector_loads needs q, k, v and out")
     launcher = DynamicSharedKernel(forward_fa2, item * total, check=check if VEC else None)

@@ -92,24 +92,28 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
                         m_new = max(m_new, acc)
                     else:
                         s[jj] = T(NEG_INF)
-                if m_new != T(NEG_INF):                # guard: a row with no visible key yet
-                    alpha = math.exp(m - m_new)        # rescales what was summed under m
-                    l *= alpha
+                # guard: while a row has seen no finite logit, m = -inf and exp(-inf - -inf)
+                # would be NaN; subtracting 0 instead keeps P = 0 for masked keys and lets a
+                # NaN logit (max() passes over it) make l NaN, as IEEE says
+                m_safe = m_new if m_new != T(NEG_INF) else T(0.0)
+                alpha = math.exp(m - m_safe)           # rescales what was summed under m
+                l *= alpha
+                for c in range(D):
+                    o_i[c] *= alpha
+                for jj in range(BLOCK_N):
+                    p = math.exp(s[jj] - m_safe)       # P_ij, 0 for masked keys
+                    l += p
                     for c in range(D):
-                        o_i[c] *= alpha
-                    for jj in range(BLOCK_N):
-                        p = math.exp(s[jj] - m_new)    # P_ij, 0 for masked keys
-                        l += p
-                        for c in range(D):
-                            o_i[c] += p * V_tile[jj, c]
-                    m = m_new
+                        o_i[c] += p * V_tile[jj, c]
+                m = m_new
             cuda.syncthreads()
 
         if i < nq:
-            # normalize once; a row that saw no key gives out = 0, lse = -inf
-            inv_l = T(1.0) / l if l > T(0.0) else T(0.0)
+            # normalize once; a row that saw no key gives out = 0, lse = -inf (l = 0), a row
+            # that met a NaN or +inf logit NaN (l is NaN: NaN != 0)
+            inv_l = T(1.0) / l if l != T(0.0) else T(0.0)
             for c in range(D):
                 out[bh, i, c] = o_i[c] * inv_l
-            lse[bh, i] = m + math.log(l) if l > T(0.0) else T(NEG_INF)
+            lse[bh, i] = m + math.log(l) if l != T(0.0) else T(NEG_INF)
 
     return forward_rowwise, BLOCK_M

@@ -215,18 +215,19 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None)
             cuda.syncthreads()
             n0 += uBN
 
-        # out = O / l; rows that saw no key give out = 0 and lse = -inf
+        # out = O / l; rows that saw no key give out = 0 and lse = -inf (l = 0), rows that
+        # met a NaN or +inf logit NaN (l NaN)
         for a in range(TM):
             r = ty + U(a) * uTY
             i = m0 + r
             if i < nq:
                 l_i = l_row[r]
-                inv_l = T(1.0) / l_i if l_i > T(0.0) else T(0.0)
+                inv_l = T(1.0) / l_i if l_i != T(0.0) else T(0.0)     # NaN l: NaN out
                 for c in range(TD):
                     col = tx + U(c) * uTX
                     if col < uD:
                         out[bh, i, col] = o[a, c] * inv_l
                 if tx == U(0):
-                    lse[bh, i] = m_row[r] + math.log(l_i) if l_i > T(0.0) else T(NEG_INF)
+                    lse[bh, i] = m_row[r] + math.log(l_i) if l_i != T(0.0) else T(NEG_INF)
 
     return forward_tiled, (TX, TY)

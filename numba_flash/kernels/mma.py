@@ -61,9 +61,12 @@ else:
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    # Two integer instructions (IADD, LOP3) where cvt.rna.tf32.f32 takes four on sm_90 (ptxas adds
-    # a test for inf/NaN): the same result for finite x; an infinite x comes out NaN (attention
-    # on an infinite input is NaN anyway).
+    # Integer arithmetic on the bits, as the NumPy model: add half of the dropped part's weight,
+    # clear the dropped bits. inf and NaN pass unchanged (a select): the sum would carry a NaN
+    # whose mantissa is all ones, the GPU's canonical NaN (0x7fffffff, what q * scale makes of
+    # a NaN q), into the sign bit and make it -0.0, a finite logit where truth is NaN
+    # (2026-12-02). Its split leaves inf's small part NaN (inf - inf): the tensor-core kernels
+    # give NaN rows where an input is infinite (README, "What bad input gets").
     @intrinsic
     def round_tf32(typingctx, x):
         if x != types.float32:
@@ -75,7 +78,10 @@ else:
             bits = builder.bitcast(args[0], i32)
             half = ir.Constant(i32, 1 << (TF32_DROPPED_BITS - 1))
             mask = ir.Constant(i32, -(1 << TF32_DROPPED_BITS))
-            return builder.bitcast(builder.and_(builder.add(bits, half), mask), ir.FloatType())
+            exponent = ir.Constant(i32, 0x7F800000)
+            finite = builder.icmp_unsigned("!=", builder.and_(bits, exponent), exponent)
+            rounded = builder.and_(builder.add(bits, half), mask)
+            return builder.bitcast(builder.select(finite, rounded, bits), ir.FloatType())
 
         return sig, codegen
 

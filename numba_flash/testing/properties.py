@@ -12,6 +12,7 @@ import numpy as np
 import reference as ref
 
 from ..api import flash_attention_backward, flash_attention_forward
+from .strategies import logits_regime
 from .tolerance import (GRADIENT_MULTIPLE, Comparison, check_backward,
                         check_forward, compare, expand_kv, reference_p_dp,
                         truth_dtype)
@@ -176,6 +177,108 @@ def d_is_rowsum_of_p_dp(kernel, p):
                             extra=o_err)])
 
 
+NON_FINITE = ("NaN in q", "NaN in k", "inf in q", "inf in k")
+
+
+def _non_finite_inputs(p, kinds=NON_FINITE):
+    """(kind, clean q, k, v, dout, q and k with non-finite entries): ordinary N(0, 1) data of
+    p's shapes, then one of `kinds` (by p's seed) in one row: NaN, or +-inf, in a few of its
+    entries. Under causal masking only key rows every query sees (j <= Nk - Nq) get one, so
+    that a masked key never meets one."""
+    rng = np.random.default_rng(p.seed)
+    q, k, v, dout = logits_regime("ordinary", p.B, p.H, p.Hk, p.Nq, p.Nk, p.d,
+                                  np.dtype(p.dtype), p.seed)
+    visible = p.Nk - p.Nq + 1 if p.causal else p.Nk       # keys every query row sees
+    kinds = [kd for kd in kinds if kd.endswith("q") or visible >= 1]
+    kind = kinds[rng.integers(len(kinds))]
+    bad_q, bad_k = q.copy(), k.copy()
+    x = bad_q if kind.endswith("q") else bad_k
+    b, h = rng.integers(x.shape[0]), rng.integers(x.shape[1])
+    row = rng.integers(x.shape[2] if kind.endswith("q") else visible)
+    cols = rng.choice(p.d, size=rng.integers(1, min(p.d, 3) + 1), replace=False)
+    x[b, h, row, cols] = (np.nan if kind.startswith("NaN")
+                          else rng.choice([-np.inf, np.inf], size=len(cols)))
+    return kind, q, k, v, dout, bad_q, bad_k
+
+
+def _pattern(name, got, truth, nan_allowed):
+    """A Comparison: NaN wherever truth is NaN, and elsewhere the same -inf / +inf / finite
+    pattern as truth, except that entries may be NaN where nan_allowed (a pair whose tensor
+    cores make an infinite input's rows NaN: registry.Pair.exact_infinities)."""
+    got, truth = np.asarray(got, np.float64), np.asarray(truth)
+    same = np.where(np.isnan(truth), np.isnan(got),
+                    (np.isneginf(got) == np.isneginf(truth))
+                    & (np.isposinf(got) == np.isposinf(truth)) & ~np.isnan(got))
+    if nan_allowed:
+        same |= np.isnan(got) & ~np.isnan(truth)
+    bad = int((~same).sum())
+    return Comparison(f"{name}: non-finite pattern", float(bad), float(bad), 0.0, bad == 0,
+                      f"{bad} entries differ from truth's NaN / inf pattern" if bad else "")
+
+
+def _finite_part(name, got, truth, allowed):
+    """Where both are finite: the largest error, against `allowed` (the clean problem's)."""
+    got, truth = np.asarray(got, np.float64), np.asarray(truth, np.float64)
+    both = np.isfinite(got) & np.isfinite(truth)
+    err = np.abs(got[both] - truth[both]) if both.any() else np.zeros(1)
+    return Comparison(f"{name}: finite entries", float(err.max()), float(err.mean()), allowed,
+                      bool(err.max() <= allowed))
+
+
+def _truth64(q, k, v, causal, dout=None):
+    kk, vv = expand_kv(q, k, v)
+    f = lambda a: np.asarray(a, np.float64)
+    with np.errstate(all="ignore"):
+        out, lse = ref.attention_forward(f(q), f(kk), f(vv), causal=causal)
+        if dout is None:
+            return out, lse
+        dq, dk, dv = ref.attention_backward(f(dout), f(q), f(kk), f(vv), causal=causal)
+    if kk.shape != k.shape:
+        dk, dv = ref.sum_kv_groups(dk, k.shape[1]), ref.sum_kv_groups(dv, k.shape[1])
+    return dq, dk, dv
+
+
+def non_finite_forward(kernel, p):
+    """A NaN or an inf in q or k: out and lse NaN exactly where float64 standard attention on
+    the same inputs is NaN (a NaN or +inf logit), lse -inf only where a row sees no key (a
+    -inf logit is a masked key), and the finite rows within the clean problem's allowance."""
+    from .. import registry
+    kind, q, k, v, _, bad_q, bad_k = _non_finite_inputs(p)
+    nan_ok = kind.startswith("inf") and not registry.resolve(kernel, p.d, p.dtype).exact_infinities
+    clean = check_forward(q, k, v, *_forward(kernel, p, q, k, v, tiles=False), causal=p.causal)
+    with np.errstate(all="ignore"):
+        out, lse = _forward(kernel, p, bad_q, bad_k, v, tiles=False)
+    t_out, t_lse = _truth64(bad_q, bad_k, v, p.causal)
+    return Outcome("non-finite inputs (forward)", kernel, p, clean + [
+        _pattern(f"out [{kind}]", out, t_out, nan_ok), _pattern(f"lse [{kind}]", lse, t_lse, nan_ok),
+        _finite_part("out", out, t_out, 2 * clean[0].allowed),
+        _finite_part("lse", lse, t_lse, 2 * clean[1].allowed)])
+
+
+def non_finite_backward(kernel, p):
+    """As non_finite_forward for dq, dk, dv (not causal: there a kernel's blocks decide
+    whether a masked key meets a NaN row's 0 * NaN): NaN wherever truth is NaN, finite
+    wherever truth is finite (NaN also allowed for an inf on tensor-core pairs)."""
+    from .. import registry
+    if p.causal:
+        return None
+    kind, q, k, v, dout, bad_q, bad_k = _non_finite_inputs(p)
+    nan_ok = kind.startswith("inf") and not registry.resolve(kernel, p.d, p.dtype).exact_infinities
+    out, lse = flash_attention_forward(q, k, v, kernel=kernel)
+    clean = check_backward(dout, q, k, v, *flash_attention_backward(
+        dout, q, k, v, out, lse, kernel=kernel), causal=False)
+    with np.errstate(all="ignore"):
+        out, lse = flash_attention_forward(bad_q, bad_k, v, kernel=kernel)
+        grads = flash_attention_backward(dout, bad_q, bad_k, v, out, lse, kernel=kernel,
+                                         block_m=p.block_m, block_n=p.block_n)
+    truth = _truth64(bad_q, bad_k, v, False, dout)
+    checks = []
+    for name, g, t, c in zip(("dq", "dk", "dv"), grads, truth, clean):
+        checks += [_pattern(f"{name} [{kind}]", g, t, nan_ok),
+                   _finite_part(name, g, t, 2 * c.allowed)]
+    return Outcome("non-finite inputs (backward)", kernel, p, clean + checks)
+
+
 # name -> (function, which half of a pair it checks, which half's tiles to draw (None: the
 # defaults))
 PROPERTIES = {
@@ -187,6 +290,8 @@ PROPERTIES = {
     "backward agrees": (backward_agrees, "backward", "backward"),
     "dS rows sum to zero": (ds_rows_sum_to_zero, "backward", "backward"),
     "D = rowsum(P * dP)": (d_is_rowsum_of_p_dp, "backward", None),
+    "non-finite inputs (forward)": (non_finite_forward, "forward", None),
+    "non-finite inputs (backward)": (non_finite_backward, "backward", "backward"),
 }
 
 __all__ = ["Outcome", "PROPERTIES"] + [

@@ -19,7 +19,8 @@ SIZES = {
     # the Hopper family's two-warpgroup kernels (64 < d <= 128) on the simulator
     "simulator-wide": dict(min_d=65, max_n=24, max_d=80, max_batch=1, max_heads=1),
     # several K/V blocks of the Hopper family's 64 keys (the online softmax's rescaling)
-    "simulator-blocks": dict(min_n=65, max_n=140, max_d=16, max_batch=1, max_heads=1),
+    # (two blocks are enough: 65-80 keys, d <= 8, to keep the simulated 128 threads cheap)
+    "simulator-blocks": dict(min_n=65, max_n=80, max_d=8, max_batch=1, max_heads=1),
 }
 
 REGIMES = ("ordinary", "huge", "dominant key", "all equal", "row offsets", "near-cancelling",

@@ -66,15 +66,16 @@ def make_online_softmax(causal):
 @inlined_device_function
 def finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq):
     """The end of the online softmax for the thread's rows i0, i1: l summed over the quad,
-    lse = m + log l stored (-inf for a row that saw no key; l >= 1 wherever m is finite, the
-    max entry giving exp 0); returns 1 / l of both rows (0 for such a row), O's factors."""
+    lse = m + log l stored (-inf for a row that saw no key, l = 0; l >= 1 wherever m is finite,
+    the max entry giving exp 0; NaN for a row that met a NaN or +inf logit, l NaN); returns
+    1 / l of both rows (0 for a row that saw no key), O's factors."""
     l0 = quad_sum(sm, scratch, l[0])
     l1 = quad_sum(sm, scratch, l[1])
     if t4 == U(0):
         if i0 < nq:
-            lse[bh, i0] = m[0] + math.log(l0) if l0 > float32(0.0) else float32(NEG_INF)
+            lse[bh, i0] = m[0] + math.log(l0) if l0 != float32(0.0) else float32(NEG_INF)
         if i1 < nq:
-            lse[bh, i1] = m[1] + math.log(l1) if l1 > float32(0.0) else float32(NEG_INF)
-    inv0 = float32(1.0) / l0 if l0 > float32(0.0) else float32(0.0)
-    inv1 = float32(1.0) / l1 if l1 > float32(0.0) else float32(0.0)
+            lse[bh, i1] = m[1] + math.log(l1) if l1 != float32(0.0) else float32(NEG_INF)
+    inv0 = float32(1.0) / l0 if l0 != float32(0.0) else float32(0.0)
+    inv1 = float32(1.0) / l1 if l1 != float32(0.0) else float32(0.0)
     return inv0, inv1
