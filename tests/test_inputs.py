@@ -106,23 +106,31 @@ def test_head_grid_covers_every_head_count_up_to_the_limit():
         assert y <= 65535 and z <= 65535 and y * z >= n and y * (z - 1) < n
 
 
-def test_two_threads_at_once_get_right_answers_and_leave_the_switch_interval():
-    before = sys.getswitchinterval()
-    problems = [qkv(seed=s) for s in range(4)]
+def in_threads(work, n):
+    """{i: work(i)} for i < n, each call in a thread of its own, all started at once; a
+    thread's exception fails the test (it would be lost in the thread)."""
     results, errors = {}, []
 
     def call(i):
         try:
-            results[i] = flash_attention_forward(*problems[i], kernel="fa2")
-        except Exception as e:           # reported below: a thread's exception is lost
+            results[i] = work(i)
+        except Exception as e:
             errors.append(e)
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(problems))]
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     assert not errors, errors
+    return results
+
+
+def test_two_threads_at_once_get_right_answers_and_leave_the_switch_interval():
+    before = sys.getswitchinterval()
+    problems = [qkv(seed=s) for s in range(4)]
+    results = in_threads(lambda i: flash_attention_forward(*problems[i], kernel="fa2"),
+                         len(problems))
     assert sys.getswitchinterval() == before
     for i, (q, k, v) in enumerate(problems):
         check = check_forward(q, k, v, *results[i])
@@ -148,23 +156,14 @@ def test_gpu_many_heads_against_float64_truth():
 @pytest.mark.parametrize("kernel", ["auto", "fa2"])
 def test_gpu_two_threads_at_once(kernel):
     problems = [qkv((2, 4, 300, 64), seed=s) for s in range(6)]
-    results, errors = {}, []
 
-    def call(i):
-        try:
-            q, k, v = problems[i]
-            out, lse = flash_attention_forward(q, k, v, causal=True, kernel=kernel)
-            results[i] = (out, lse, flash_attention_backward(q, q, k, v, out, lse,
-                                                             causal=True, kernel=kernel))
-        except Exception as e:
-            errors.append(e)
+    def work(i):
+        q, k, v = problems[i]
+        out, lse = flash_attention_forward(q, k, v, causal=True, kernel=kernel)
+        return out, lse, flash_attention_backward(q, q, k, v, out, lse, causal=True,
+                                                  kernel=kernel)
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(problems))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors
+    results = in_threads(work, len(problems))
     for i, (q, k, v) in enumerate(problems):
         out, lse, grads = results[i]
         check = (check_forward(q, k, v, out, lse, causal=True)
