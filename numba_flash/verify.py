@@ -5,12 +5,15 @@ By default the pairs `flash_attention_forward`/`flash_attention_backward` run he
 kernel="auto" (registry.resolve per case and dtype: on an H200 wgmma for float32 d <= 128, fa2
 otherwise); `kernels=` names pairs, `all_pairs=True` takes every registered one. Truth in
 float64 (that of float32 kernels) is computed on the GPU when CuPy or torch can
-(testing.truth), under the same tolerance rule (testing.tolerance)."""
+(testing.truth), under the same tolerance rule (testing.tolerance). On a GPU with the disk
+cache on, the plan's kernels are first compiled in parallel processes (precompile.py)."""
 
 import sys
 import time
 
 from . import registry
+from .kernels import cache
+from .precompile import precompile
 from .testing import GPU_CASES, SIMULATOR_CASES
 from .testing import truth as truth_mod
 from .testing.campaign import plan, run_checks
@@ -56,10 +59,12 @@ def main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None,
     print(f"numba-flash verify: {len(cases)} cases x {', '.join(DTYPES)} on {where}; "
           f"{chosen}; forward, then its backward; truth one precision up (float64 in "
           f"{ns.name}{' on the GPU' if ns.on_gpu else ''}, long double in numpy)")
+    t0 = time.time()
+    if not simulator and cache.enabled():
+        _compile_ahead(steps, progress)
     print(f"{'kernel':<13} {'dtype':<8} {'out':<4} {'max err':>10} {'allowed':>10}  pass  case")
     failed = rows = 0
     ran = {}                     # pair -> {dtype: cases}
-    t0 = time.time()
     bar = tqdm(total=total, unit="pair", file=sys.stderr, leave=False,
                disable=(not sys.stderr.isatty()) if progress is None else not progress)
 
@@ -95,6 +100,19 @@ def main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None,
     print(f"{len(cases)} cases, {len(ran)} pair{'' if len(ran) == 1 else 's'}, {rows} rows: "
           f"{'all passed' if not failed else f'{failed} FAILED'} in {seconds:.0f} s")
     return 1 if failed else 0
+
+
+def _compile_ahead(steps, progress):
+    """Compile every (pair, d, causal, dtype) of the plan in parallel processes into the disk
+    cache (precompile.py), so that the checks load them; print what it did."""
+    configs = {(pair, st.case.d, st.case.causal, st.dtype) for st in steps for pair in st.pairs}
+    t0 = time.time()
+    done, failed = precompile(configs, progress=sys.stderr.isatty() if progress is None
+                              else progress)
+    print(f"compiled ahead: {len(done)} of {len(configs)} (pair, d, causal, dtype) "
+          f"configurations in {time.time() - t0:.0f} s, in parallel processes"
+          + (f"; not: {len(failed)} (they compile in this process as they run), first: "
+             f"{next(iter(failed.values()))}" if failed else ""))
 
 
 def _usage(message):

@@ -97,3 +97,23 @@ def test_cases_cover_the_hard_shapes(cases):
         "Nq = 1": any(c.Nq == 1 for c in cases),
     }
     assert all(covered.values()), [k for k, v in covered.items() if not v]
+
+
+def test_precompile_runs_each_configuration_in_a_worker_and_reports_failures():
+    # on the simulator the workers compile nothing, but run the same calls: a registered pair
+    # is done, an unknown name comes back as its error, not raised
+    from numba_flash.precompile import precompile
+    done, failed = precompile([("fa2", 3, True, "float32"), ("fa2", 3, True, "float32"),
+                               ("no such pair", 3, False, "float64")], processes=2)
+    assert list(done) == [("fa2", 3, True, "float32")] and done[("fa2", 3, True, "float32")] > 0
+    assert list(failed) == [("no such pair", 3, False, "float64")]
+    assert "unknown kernel 'no such pair'" in failed[("no such pair", 3, False, "float64")]
+
+
+@pytest.mark.gpu
+def test_gpu_verify_compiles_ahead_into_an_empty_cache(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("NUMBA_FLASH_CACHE_DIR", str(tmp_path / "cache"))
+    assert verify.main(False, case_names=["causal", "d = 1"]) == 0
+    out = capsys.readouterr().out
+    assert "compiled ahead: 4 of 4 (pair, d, causal, dtype) configurations" in out, out
+    assert any((tmp_path / "cache").rglob("*.nbi"))
