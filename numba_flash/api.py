@@ -177,15 +177,16 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     bm, bn = _blocks(pair.forward_tiles(p.d, p.dtype), block_m, block_n)
     launch, threads = pair.make_forward(bm, bn, p.d, causal, p.dtype)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
-    d_q = arrays.to_device(q, (bh, p.nq, p.d))
-    d_k = arrays.to_device(k, (bhk, p.nk, p.d))
-    d_v = arrays.to_device(v, (bhk, p.nk, p.d))
+    ptr, stream = arrays.launch_stream(q)
+    d_q = arrays.to_device(q, (bh, p.nq, p.d), ptr)
+    d_k = arrays.to_device(k, (bhk, p.nk, p.d), ptr)
+    d_v = arrays.to_device(v, (bhk, p.nk, p.d), ptr)
     d_out = arrays.empty_device((bh, p.nq, p.d), p.dtype, like=q)
     d_lse = arrays.empty_device((bh, p.nq), p.dtype, like=q)
     grid = (ceil_div(p.nq, bm), *head_grid(bh))
     with simulator_exclusive():
-        launch[grid, threads](d_q, d_k, d_v, d_out, d_lse, p.dtype.type(p.scale), p.heads,
-                              p.group)
+        launch[grid, threads, stream](d_q, d_k, d_v, d_out, d_lse, p.dtype.type(p.scale),
+                                      p.heads, p.group)
     return (arrays.from_device(d_out, p.lead + (p.nq, p.d), q),
             arrays.from_device(d_lse, p.lead + (p.nq,), q))
 
@@ -245,12 +246,14 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     d_dq = arrays.empty_device(qs, p.dtype, like=q)
     d_dk = arrays.empty_device(ks, p.dtype, like=q)
     d_dv = arrays.empty_device(ks, p.dtype, like=q)
+    ptr, stream = arrays.launch_stream(q)
     with arrays.allocating_like(q), simulator_exclusive():   # workspace from q's pool too
-        pair.run_backward(arrays.to_device(dout, qs), arrays.to_device(q, qs),
-                    arrays.to_device(k, ks), arrays.to_device(v, ks),
-                    arrays.to_device(lse, (bh, p.nq)), arrays.to_device(out, qs), d_dq, d_dk,
-                          d_dv, scale=p.scale, heads=p.heads, group=p.group, causal=causal,
-                          block_m=bm, block_n=bn, deterministic=deterministic)
+        pair.run_backward(arrays.to_device(dout, qs, ptr), arrays.to_device(q, qs, ptr),
+                          arrays.to_device(k, ks, ptr), arrays.to_device(v, ks, ptr),
+                          arrays.to_device(lse, (bh, p.nq), ptr),
+                          arrays.to_device(out, qs, ptr), d_dq, d_dk, d_dv, scale=p.scale,
+                          heads=p.heads, group=p.group, causal=causal, block_m=bm,
+                          block_n=bn, deterministic=deterministic, stream=stream)
     return (arrays.from_device(d_dq, arrays.shape_of(q), q),
             arrays.from_device(d_dk, arrays.shape_of(k), q),
             arrays.from_device(d_dv, arrays.shape_of(v), q))

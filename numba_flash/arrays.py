@@ -2,6 +2,12 @@
 
 Device inputs are used in place through __cuda_array_interface__; results come back as the
 same kind of array as the inputs. NumPy inputs are copied to the GPU and results back.
+
+Streams: the kernels run on the stream of the inputs' framework (`launch_stream`): torch's
+current stream for torch tensors, CuPy's for CuPy arrays, the default stream otherwise; so
+they are ordered after the work that made their inputs on that stream and before the work
+that reads their outputs there. Outputs and workspace come from that framework's caching
+allocator, on that stream.
 """
 
 import contextlib
@@ -75,27 +81,53 @@ def is_c_contiguous(x):
     return x.is_c_contiguous()
 
 
-def to_device(x, shape3):
-    """x as a Numba device array of shape shape3 (a view where x lives on the GPU already)."""
+def launch_stream(like):
+    """(pointer, stream): the CUDA stream the kernels for input `like` run on, as its raw
+    pointer (0: the legacy default stream) and as what a Numba launch takes
+    (kernel[grid, block, stream]): torch's current stream on like's device for a torch tensor,
+    CuPy's current stream for a CuPy array (cuda.external_stream over it), the default stream
+    for anything else and on the simulator."""
+    kind = kind_of(like)
+    if kind == "torch" and like.is_cuda:
+        import torch
+        ptr = torch.cuda.current_stream(like.device).cuda_stream
+    elif kind == "cupy":
+        import cupy
+        with cupy.cuda.Device(like.device.id):
+            ptr = cupy.cuda.get_current_stream().ptr
+    else:
+        ptr = 0
+    if not ptr:
+        return 0, 0
+    from numba import cuda
+    return ptr, cuda.external_stream(ptr)
+
+
+def to_device(x, shape3, stream_ptr=0):
+    """x as a Numba device array of shape shape3 (a view where x lives on the GPU already),
+    for kernels launched on the stream of pointer stream_ptr (launch_stream)."""
     from numba import cuda
     kind = kind_of(x)
     if kind == "numpy":
         return cuda.to_device(np.ascontiguousarray(x).reshape(shape3))
     if kind == "numba":
         return x.reshape(shape3)
-    return cuda.as_cuda_array(x, sync=_must_sync(x)).reshape(shape3)
+    return cuda.as_cuda_array(x, sync=_must_sync(x, stream_ptr)).reshape(shape3)
 
 
-def _must_sync(x):
-    """Whether the stream that x's __cuda_array_interface__ names must be synchronized before
-    our kernels read x (Numba does so for every import by default). Not when it is the legacy
-    default stream (1), where our kernels run too (Numba's default stream, unless per-thread
-    default streams are configured): they are ordered after its work already. That sync made
-    the host wait for the GPU at every call (torch and CuPy name stream 1 for their default
-    stream), so a forward+backward could not queue the backward while the forward ran."""
+def _must_sync(x, stream_ptr=0):
+    """Whether the stream that x's __cuda_array_interface__ names must be synchronized (the
+    host waits) before our kernels on stream stream_ptr read x; Numba does so for every import
+    by default. Not when x names no stream (None) or the one our kernels run on: they are
+    ordered after its work already (CAI's 1 is the legacy default stream, pointer 0, unless
+    Numba is configured for per-thread default streams). That sync made the host wait for the
+    GPU at every call, so a forward+backward could not queue the backward while the forward
+    ran."""
     from numba.cuda import config
     stream = x.__cuda_array_interface__.get("stream")
-    return not (stream == 1 and not config.CUDA_PER_THREAD_DEFAULT_STREAM)
+    if stream is None or stream == stream_ptr:
+        return False
+    return not (stream == 1 and stream_ptr == 0 and not config.CUDA_PER_THREAD_DEFAULT_STREAM)
 
 
 class AllocationMeter:
@@ -139,25 +171,19 @@ def empty_device(shape, dtype, like=None):
     if like is None and getattr(_allocating, "stack", None):
         like = _allocating.stack[-1]
     kind = kind_of(like) if like is not None else "numba"
-    # A pool hands a freed block to the next allocation on its stream without waiting: only
-    # safe while that stream is the legacy default stream, which our kernels run on too (a
-    # workspace such as D is freed as soon as its kernels are queued)
-    if kind == "torch":
+    # A pool hands a freed block to the next allocation on its current stream without
+    # waiting: safe because our kernels run on that stream too (launch_stream), so a
+    # workspace such as D, freed as soon as its kernels are queued, is reused only after them
+    if kind == "torch" and like.is_cuda:
         import torch
-        if torch.cuda.current_stream(like.device).cuda_stream == 0:
-            owner = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name),
-                                device=like.device)
-            arr = cuda.as_cuda_array(owner, sync=False)     # new memory: nothing to wait for
-        else:
-            kind = "numba"
+        owner = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name),
+                            device=like.device)
+        arr = cuda.as_cuda_array(owner, sync=False)     # new memory: nothing to wait for
     elif kind == "cupy":
         import cupy
         with cupy.cuda.Device(like.device.id):
-            if cupy.cuda.get_current_stream().ptr == 0:
-                arr = cuda.as_cuda_array(cupy.empty(shape, dtype=dtype), sync=False)
-            else:
-                kind = "numba"
-    if kind not in ("torch", "cupy"):
+            arr = cuda.as_cuda_array(cupy.empty(shape, dtype=dtype), sync=False)
+    else:
         arr = cuda.device_array(shape, dtype=dtype)
     for meter in AllocationMeter.active:
         meter.bytes += arr.nbytes

@@ -49,8 +49,9 @@ class Pair:
         threads](q, k, v, out, lse, scale, heads, group) on (B*H, N, d) device arrays, grid
         (ceil(Nq / block_m), B*H); ValueError for tiles it cannot take.
     run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal, block_m,
-        block_n, deterministic): launches what it needs on 3-D device arrays (dq, dk, dv
-        written; deterministic=True: no atomics, bitwise reproducible).
+        block_n, deterministic, stream): launches what it needs on 3-D device arrays (dq, dk,
+        dv written; deterministic=True: no atomics, bitwise reproducible), every kernel on
+        `stream` (kernel[grid, block, stream]: the caller's framework's current stream).
     forward_tiles(d, dtype), backward_tiles(d, dtype, deterministic) -> (block_m, block_n).
     check_backward_tiles(block_m, block_n, d, dtype, deterministic): ValueError for tiles the
         backward cannot take (None: only its default tiles).

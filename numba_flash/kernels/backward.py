@@ -114,12 +114,13 @@ def make_preprocess_kernel(head_dim, dtype, clear=False):
     return preprocess, PREPROCESS_THREADS
 
 
-def run_preprocess(dout, out, D, dq, clear=False):
+def run_preprocess(dout, out, D, dq, clear=False, stream=0):
     """D = rowsum(dO * O) into D (BH, Nq) from dout, out (BH, Nq, d) device arrays; clear:
-    dq (BH, Nq, d) zeroed too (else not touched)."""
+    dq (BH, Nq, d) zeroed too (else not touched). Launched on `stream` (0: the default)."""
     bh, nq, d = out.shape
     pre, threads = make_preprocess_kernel(d, out.dtype, clear)
-    pre[(ceil_div(nq, preprocess_rows(d, out.dtype)), *head_grid(bh)), threads](dout, out, D, dq)
+    pre[(ceil_div(nq, preprocess_rows(d, out.dtype)), *head_grid(bh)), threads, stream](
+        dout, out, D, dq)
 
 
 @functools.lru_cache(maxsize=None)
@@ -362,10 +363,10 @@ def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m, block_n, threads=None):
-    """Launch preprocess, dkdv and dq on 3-D device arrays: q, dout, out, dq (B*H, Nq, d);
-    k, v, dk, dv (B*Hk, Nk, d); lse (B*H, Nq). Allocates only D (B*H, Nq) besides. No
-    atomics: bitwise reproducible."""
+                 block_m, block_n, threads=None, stream=0):
+    """Launch preprocess, dkdv and dq on `stream` on 3-D device arrays: q, dout, out, dq
+    (B*H, Nq, d); k, v, dk, dv (B*Hk, Nk, d); lse (B*H, Nq). Allocates only D (B*H, Nq)
+    besides. No atomics: bitwise reproducible."""
     from .. import arrays
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -373,10 +374,10 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     T = numba_type(dtype)
     scale = T(scale)
     D = arrays.empty_device((bh, nq), dtype)
-    run_preprocess(dout, out, D, dq)
+    run_preprocess(dout, out, D, dq, stream=stream)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads)
-    dkdv[(ceil_div(nk, block_n), *head_grid(bhk)), tpb](q, k, v, dout, lse, D, dk, dv, scale,
-                                                        heads, group)
+    dkdv[(ceil_div(nk, block_n), *head_grid(bhk)), tpb, stream](q, k, v, dout, lse, D, dk, dv,
+                                                                scale, heads, group)
     dq_kernel, tpb = make_dq_kernel(block_m, block_n, d, causal, dtype, threads)
-    dq_kernel[(ceil_div(nq, block_m), *head_grid(bh)), tpb](q, k, v, dout, lse, D, dq, scale,
-                                                            heads, group)
+    dq_kernel[(ceil_div(nq, block_m), *head_grid(bh)), tpb, stream](q, k, v, dout, lse, D, dq,
+                                                                    scale, heads, group)

@@ -561,9 +561,10 @@ def tensor_cores_by_default(dtype, dq_atomic):
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None,
-                 prefetch=None, tensor_cores="default"):
+                 prefetch=None, tensor_cores="default", stream=0):
     """Launch preprocess, dkdv and dq on 3-D device arrays (same contract as
-    backward.run_backward). Allocates only D (B*H, Nq) besides the outputs.
+    backward.run_backward, launched on `stream`). Allocates only D (B*H, Nq) besides the
+    outputs.
     dq_atomic: the dK/dV kernel also accumulates dQ with atomics (no dQ kernel; the
     "fa2-atomic" variant, which the API replaces by "fa2" when deterministic=True);
     vector_atomics (with dq_atomic only), prefetch (None: prefetch_by_default), tensor_cores
@@ -579,12 +580,12 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     if tensor_cores == "default":
         tensor_cores = tensor_cores_by_default(dtype, atomic)
     D = arrays.empty_device((bh, nq), dtype)
-    run_preprocess(dout, out, D, dq, clear=atomic)
+    run_preprocess(dout, out, D, dq, clear=atomic, stream=stream)
     dkdv, tpb = make_dkdv_kernel(block_m, block_n, d, causal, dtype, threads, atomic,
                                  vector_atomics if atomic else False, prefetch, tensor_cores)
-    dkdv[(ceil_div(nk, block_n), *head_grid(bhk)), tpb](q, k, v, dout, lse, D, dk, dv, dq,
-                                                        scale, heads, group)
+    dkdv[(ceil_div(nk, block_n), *head_grid(bhk)), tpb, stream](q, k, v, dout, lse, D, dk, dv,
+                                                                dq, scale, heads, group)
     if not atomic:
         dq_kernel, tpb = make_dq_kernel(block_m, block_n, d, causal, dtype, threads)
-        dq_kernel[(ceil_div(nq, block_m), *head_grid(bh)), tpb](q, k, v, dout, lse, D, dq,
-                                                                scale, heads, group)
+        dq_kernel[(ceil_div(nq, block_m), *head_grid(bh)), tpb, stream](
+            q, k, v, dout, lse, D, dq, scale, heads, group)

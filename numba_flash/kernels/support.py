@@ -122,7 +122,8 @@ DYNAMIC_SHARED_MEMORY_BYTES = 227 * 1024
 
 
 class DynamicSharedKernel:
-    """A kernel launched as kernel[grid, block](*args) with `nbytes` of dynamic shared memory.
+    """A kernel launched as kernel[grid, block](*args) or kernel[grid, block, stream](*args)
+    with `nbytes` of dynamic shared memory.
 
     Above 48 KiB, CUDA needs cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) on the compiled
     function before its first launch, which numba-cuda 0.30 does not expose. We compile the
@@ -140,14 +141,14 @@ class DynamicSharedKernel:
         self._opted_in = set()
 
     def __getitem__(self, config):
-        grid, block = config
+        grid, block, stream = (*config, 0)[:3]
 
         def launch(*args):
             if self.check is not None:
                 self.check(args)
             if self.nbytes > SHARED_MEMORY_BYTES and not SIMULATOR:
                 self._opt_in(args)
-            self.kernel[grid, block, 0, self.nbytes](*args)
+            self.kernel[grid, block, stream, self.nbytes](*args)
         return launch
 
     def _opt_in(self, args):

@@ -493,21 +493,21 @@ def dkdv_launcher(d_wide, causal, dq_out=True):
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m=BLOCK, block_n=BLOCK, deterministic=False):
+                 block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0):
     """The Hopper backward on 3-D float32 device arrays (registry contract): the preprocess
     kernel (D = rowsum(dO * O); dq zeroed unless deterministic), the dK/dV kernel (lean for
     d <= 64, wide above) adding dQ with atomics, or with deterministic=True the dK/dV kernel
-    without dQ and then the dQ pass (make_dq_kernel: no atomics)."""
+    without dQ and then the dQ pass (make_dq_kernel: no atomics). All on `stream`."""
     from ... import arrays
     check_tiles(block_m, block_n, q.shape[2], q.dtype)
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
     D = arrays.empty_device((bh, nq), q.dtype)
-    run_preprocess(dout, out, D, dq, clear=not deterministic)
+    run_preprocess(dout, out, D, dq, clear=not deterministic, stream=stream)
     kernel, threads = dkdv_launcher(d > D_PAD, bool(causal), not deterministic)
     with simulator_switch_interval():
-        kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads](
+        kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads, stream](
             q, k, v, dout, lse, D, dk, dv, dq, np.float32(scale), heads, group)
     if deterministic:
         run_dq(dout, q, k, v, lse, D, dq, scale=scale, heads=heads, group=group,
-               causal=causal)
+               causal=causal, stream=stream)

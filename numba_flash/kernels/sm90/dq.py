@@ -255,10 +255,11 @@ def launcher(d_wide, causal):
     return AlignedDispatch(vector, scalar, (0, DOUT_ARG)), threads, BLOCK_M_WIDE
 
 
-def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal):
-    """dq from the forward's lse and D = rowsum(dO * O), on 3-D float32 device arrays."""
+def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal, stream=0):
+    """dq from the forward's lse and D = rowsum(dO * O), on 3-D float32 device arrays, on
+    `stream`."""
     bh, nq, d = q.shape
     kernel, threads, block_m = launcher(d > D_PAD, bool(causal))
     with simulator_switch_interval():
-        kernel[(ceil_div(nq, block_m), *head_grid(bh)), threads](
+        kernel[(ceil_div(nq, block_m), *head_grid(bh)), threads, stream](
             q, k, v, dout, lse, D, dq, np.float32(scale), heads, group)
