@@ -1,0 +1,203 @@
+"""A small GPT trained on associative recall, with numba-flash's attention or torch's SDPA.
+
+The task needs attention to solve: a sequence lists `pairs` key-value pairs, then asks for
+the values of `queries` of its keys,
+
+    k1 v1 k2 v2 ... kn vn  SEP  q1 a1 q2 a2 ... qm am        (a_i = the value paired with q_i)
+
+and the model is scored on predicting each a_i from the tokens before it: it must find q_i
+among the keys and copy the token after it (an induction head). Keys and values are drawn
+from separate halves of the vocabulary, keys without repeats; nothing is downloaded.
+
+    python examples/recall.py --attention both --steps 400 --json recall.json
+
+trains the same initial model with both attentions on the same batches, with a progress bar,
+and prints the largest relative difference of the two loss curves, the final accuracies and
+the time per step; --json keeps every step's losses (notebooks/08_training.py plots them).
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from dataclasses import asdict, dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class Task:
+    pairs: int = 4           # key-value pairs listed
+    queries: int = 4         # keys asked for afterwards
+    keys: int = 16           # distinct key tokens (values as many)
+
+    @property
+    def vocab(self):
+        return 2 * self.keys + 1            # keys, values, SEP
+
+    @property
+    def length(self):
+        return 2 * self.pairs + 1 + 2 * self.queries
+
+    def batch(self, batch_size, generator, device="cpu"):
+        """(tokens (B, length), targets (B, length) with -100 where nothing is scored)."""
+        B, n, m = batch_size, self.pairs, self.queries
+        keys = torch.argsort(torch.rand(B, self.keys, generator=generator), dim=1)[:, :n]
+        values = torch.randint(self.keys, 2 * self.keys, (B, n), generator=generator)
+        asked = torch.randint(0, n, (B, m), generator=generator)
+        q_keys, answers = keys.gather(1, asked), values.gather(1, asked)
+        sep = torch.full((B, 1), 2 * self.keys)
+        tokens = torch.cat([torch.stack([keys, values], 2).flatten(1), sep,
+                            torch.stack([q_keys, answers], 2).flatten(1)], 1)
+        targets = torch.full_like(tokens, -100)
+        first = 2 * n + 1                       # position of q_1; a_i follows q_i
+        targets[:, first:-1:2] = answers      # predicted at q_i's position
+        return tokens.to(device), targets.to(device)
+
+
+def sdpa(q, k, v):
+    """torch's scaled_dot_product_attention, causal."""
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def numba_flash_attention(kernel="auto"):
+    """numba-flash's attention, causal (the same mask as SDPA's is_causal for Nq = Nk)."""
+    from numba_flash.torch import flash_attention
+
+    def attend(q, k, v):
+        return flash_attention(q, k, v, causal=True, kernel=kernel)
+    return attend
+
+
+class Block(nn.Module):
+    def __init__(self, width, heads):
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(width), nn.LayerNorm(width)
+        self.qkv = nn.Linear(width, 3 * width)          # fused projection: q, k, v are views
+        self.proj = nn.Linear(width, width)
+        self.mlp = nn.Sequential(nn.Linear(width, 4 * width), nn.GELU(),
+                                 nn.Linear(4 * width, width))
+
+    def forward(self, x, attend):
+        B, N, W = x.shape
+        qkv = self.qkv(self.ln1(x)).view(B, N, 3, self.heads, W // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)             # each (B, H, N, d), not contiguous
+        y = attend(q, k, v).transpose(1, 2).reshape(B, N, W)
+        x = x + self.proj(y)
+        return x + self.mlp(self.ln2(x))
+
+
+class GPT(nn.Module):
+    """Token and learned position embeddings, pre-LayerNorm blocks, a linear head."""
+
+    def __init__(self, vocab, length, width=64, heads=4, layers=2):
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, width), nn.Embedding(length, width)
+        self.blocks = nn.ModuleList(Block(width, heads) for _ in range(layers))
+        self.ln, self.head = nn.LayerNorm(width), nn.Linear(width, vocab)
+
+    def forward(self, tokens, attend):
+        x = self.tok(tokens) + self.pos(torch.arange(tokens.shape[1], device=tokens.device))
+        for block in self.blocks:
+            x = block(x, attend)
+        return self.head(self.ln(x))
+
+
+def train(model, task, attend, steps, batch_size, lr=3e-3, seed=0, device="cpu",
+          progress=False, desc=None):
+    """Train with AdamW on batches drawn from `seed` (the same batches for the same seed).
+    Returns dict(loss=[per step], accuracy=[per step], seconds_per_step) where accuracy is the
+    fraction of answers predicted right (argmax) in that step's batch."""
+    from tqdm import tqdm
+    generator = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses, accuracies = [], []
+    sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
+    bar = tqdm(range(steps), desc=desc, disable=not progress, file=sys.stderr)
+    sync()
+    t0 = time.perf_counter()
+    for _ in bar:
+        tokens, targets = task.batch(batch_size, generator, device)
+        logits = model(tokens, attend)
+        loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        scored = targets != -100
+        accuracies.append((logits.argmax(-1)[scored] == targets[scored]).float().mean().item())
+        losses.append(loss.item())
+        bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=f"{accuracies[-1]:.2f}")
+    sync()
+    return dict(loss=losses, accuracy=accuracies,
+                seconds_per_step=(time.perf_counter() - t0) / max(steps, 1))
+
+
+def compare(task, steps, batch_size, width=64, heads=4, layers=2, lr=3e-3, seed=0,
+            device="cpu", dtype=torch.float32, kernel="auto", progress=False):
+    """The same initial model (seed) trained with SDPA and with numba-flash on the same
+    batches. Returns a dict: per-step losses and accuracies of both, the largest relative
+    difference of the losses, seconds per step of both, and the settings."""
+    torch.manual_seed(seed)
+    first = GPT(task.vocab, task.length, width, heads, layers).to(device, dtype)
+    second = GPT(task.vocab, task.length, width, heads, layers).to(device, dtype)
+    second.load_state_dict(first.state_dict())
+    runs = {}
+    for name, model, attend in (("sdpa", first, sdpa),
+                                ("numba-flash", second, numba_flash_attention(kernel))):
+        runs[name] = train(model, task, attend, steps, batch_size, lr, seed, device, progress,
+                           desc=name)
+    a, b = runs["sdpa"]["loss"], runs["numba-flash"]["loss"]
+    rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+    return dict(task=asdict(task), steps=steps, batch_size=batch_size, width=width,
+                heads=heads, layers=layers, lr=lr, seed=seed, device=str(device),
+                dtype=str(dtype).replace("torch.", ""), kernel=kernel,
+                max_relative_loss_difference=rel, runs=runs)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--attention", choices=("numba-flash", "sdpa", "both"), default="both")
+    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--width", type=int, default=64)
+    parser.add_argument("--heads", type=int, default=4)
+    parser.add_argument("--pairs", type=int, default=Task.pairs)
+    parser.add_argument("--queries", type=int, default=Task.queries)
+    parser.add_argument("--keys", type=int, default=Task.keys)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--kernel", default="auto", help="numba-flash kernel name")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--json", help="write every step's losses and accuracies here")
+    args = parser.parse_args(argv)
+    task = Task(args.pairs, args.queries, args.keys)
+    if args.attention == "both":
+        result = compare(task, args.steps, args.batch, args.width, args.heads, args.layers,
+                         seed=args.seed, device=args.device, kernel=args.kernel, progress=True)
+        for name, run in result["runs"].items():
+            print(f"{name:12} final loss {run['loss'][-1]:.4f}  accuracy (last 10 steps) "
+                  f"{sum(run['accuracy'][-10:]) / len(run['accuracy'][-10:]):.3f}  "
+                  f"{1e3 * run['seconds_per_step']:.1f} ms/step")
+        print(f"largest relative difference of the loss curves: "
+              f"{result['max_relative_loss_difference']:.2e} over {args.steps} steps")
+    else:
+        torch.manual_seed(args.seed)
+        model = GPT(task.vocab, task.length, args.width, args.heads, args.layers).to(args.device)
+        attend = sdpa if args.attention == "sdpa" else numba_flash_attention(args.kernel)
+        run = train(model, task, attend, args.steps, args.batch, seed=args.seed,
+                    device=args.device, progress=True, desc=args.attention)
+        result = dict(task=asdict(task), runs={args.attention: run})
+        print(f"final loss {run['loss'][-1]:.4f}, accuracy {run['accuracy'][-1]:.3f}, "
+              f"{1e3 * run['seconds_per_step']:.1f} ms/step")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
