@@ -1,5 +1,6 @@
 """The simulator shims of kernels/support.py: static shared arrays are one per (file, line) for
-all of a block's threads, however the threads interleave."""
+all of a block's threads, however the threads interleave; block barriers are event-driven and
+keep CUDA's meaning (live threads only, an exception raised and the rest aborted)."""
 
 import sys
 import threading
@@ -8,6 +9,7 @@ import numpy as np
 import pytest
 
 from numba_flash.kernels.support import SIMULATOR
+from numba import cuda  # noqa: E402  (after numba_flash: the simulator on without a GPU)
 
 
 def arrays_seen(shared, threads=64):
@@ -56,3 +58,82 @@ def test_static_shared_array_is_one_per_line_for_every_thread(monkeypatch):
     assert len(arrays_seen(namespace["FakeCUDAShared"](0), threads=16)) > 1
     for _ in range(5):
         assert len(arrays_seen(kernelapi.FakeCUDAShared(0), threads=16)) == 1
+
+
+# The event-driven block barrier (support.wake_simulator_barriers_by_condition)
+
+def _within(seconds, work):
+    """work() in a thread; fails the test if it has not returned in time (a barrier that never
+    opens would hang the suite instead)."""
+    done, errors = [], []
+
+    def call():
+        try:
+            done.append(work())
+        except BaseException as e:          # noqa: BLE001 - handed to the test
+            errors.append(e)
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    t.join(seconds)
+    assert not t.is_alive(), f"still running after {seconds} s: a barrier never opened"
+    if errors:
+        raise errors[0]
+    return done[0]
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a shim of the simulator")
+def test_barriers_order_shared_memory_round_after_round():
+    from numba.cuda.simulator import kernel as simkernel
+    assert simkernel.BlockManager.run._event_driven
+    n, rounds = 64, 6
+
+    @cuda.jit
+    def rotate(out):
+        # each round every thread takes its right neighbour's value: right only if no thread
+        # writes round r + 1 before every thread has read round r, and none reads early
+        sm = cuda.shared.array(64, np.int64)
+        t = cuda.threadIdx.x
+        x = t
+        for _ in range(rounds):
+            sm[t] = x
+            cuda.syncthreads()
+            x = sm[(t + 1) % n]
+            cuda.syncthreads()
+        out[cuda.blockIdx.x, t] = x + cuda.syncthreads_count(t % 2 == 0)
+
+    out = np.zeros((3, n), np.int64)
+    _within(60, lambda: rotate[3, n](out))
+    assert (out == (np.arange(n) + rounds) % n + n // 2).all()
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a shim of the simulator")
+def test_threads_that_exit_early_do_not_hold_a_barrier_and_errors_are_raised():
+
+    @cuda.jit
+    def half_exit(out):
+        t = cuda.threadIdx.x
+        if t >= 16:                       # these leave; the barriers count the rest only
+            return
+        out[t] = t
+        cuda.syncthreads()
+        x = out[(t + 1) % 16]
+        cuda.syncthreads()
+        out[t] += x
+
+    out = np.zeros(32, np.int64)
+    _within(60, lambda: half_exit[1, 32](out))
+    right = np.arange(16) + (np.arange(16) + 1) % 16
+    assert (out[:16] == right).all() and (out[16:] == 0).all()
+
+    @cuda.jit
+    def one_fails(out):
+        t = cuda.threadIdx.x
+        cuda.syncthreads()
+        out[t + (100 if t == 5 else 0)] = 1     # thread 5 indexes past the end
+        cuda.syncthreads()
+
+    with pytest.raises(IndexError, match=r"tid=\[5, 0, 0\]"):
+        _within(60, lambda: one_fails[1, 16](np.zeros(16, np.int64)))
+    out = np.zeros(32, np.int64)                  # the next launch runs as usual
+    _within(60, lambda: half_exit[1, 32](out))
+    assert (out[:16] == right).all()

@@ -220,6 +220,88 @@ def lock_simulator_shared_arrays():
 lock_simulator_shared_arrays()
 
 
+def wake_simulator_barriers_by_condition():
+    """Make the simulator's block barrier event-driven (idempotent; nothing on a GPU).
+
+    numba-cuda's BlockManager.run busy-polls: while a block runs, the launching thread loops
+    over the block's threads asking each whether it is alive or waiting in syncthreads, and it
+    holds the GIL that the block's threads (one Python thread per CUDA thread) need to make
+    progress: profiled on a 128-thread Hopper kernel, the polling took most of the wall time
+    (2026-12-03). Here a barrier is a count under one Condition per block: a thread arriving
+    at syncthreads counts itself and waits for the barrier's generation to change; the last to
+    arrive (or a thread that exits while all the others wait: CUDA counts only live threads,
+    as the polling did) starts the next generation and wakes them. The launching thread waits
+    until every thread has exited or one has raised; then the others are aborted (they raise
+    at their next barrier) and the first exception is raised, as before."""
+    if not SIMULATOR:
+        return
+    from numba.cuda.simulator import kernel as simkernel
+    manager, thread = simkernel.BlockManager, simkernel.BlockThread
+    if getattr(manager.run, "_event_driven", False):
+        return
+    thread_body = thread.run
+
+    def release(self):                     # a BlockManager's barrier opens (under its lock)
+        self._generation += 1
+        self._waiting = 0
+        self._cv.notify_all()
+
+    def run(self, grid_point, *args):
+        self._cv, self._generation, self._waiting = threading.Condition(), 0, 0
+        self._failed, self._abort = None, False
+
+        def target():
+            self._f(*args)
+
+        threads = [thread(target, self, grid_point, point, self._debug)
+                   for point in np.ndindex(*self._block_dim)]
+        self._alive = len(threads)          # before any starts: all take part in a barrier
+        for t in threads:
+            t.start()
+        with self._cv:
+            while self._alive and self._failed is None:
+                self._cv.wait()
+            failed = self._failed
+            if failed is not None:
+                self._abort = True
+                self._cv.notify_all()
+        if failed is not None:
+            raise failed.exception[0].with_traceback(failed.exception[1])
+
+    def thread_run(self):
+        thread_body(self)                   # runs the kernel; an exception lands in .exception
+        m = self._manager
+        with m._cv:
+            m._alive -= 1
+            if self.exception is not None and m._failed is None:
+                m._failed = self
+            if m._waiting and m._waiting == m._alive:
+                release(m)                  # the rest wait at a barrier this thread never met
+            m._cv.notify_all()
+
+    def syncthreads(self):
+        m = self._manager
+        with m._cv:
+            if m._abort:
+                raise RuntimeError("abort flag set on syncthreads call")
+            m._waiting += 1
+            if m._waiting == m._alive:
+                release(m)
+            else:
+                generation = m._generation
+                while m._generation == generation and not m._abort:
+                    m._cv.wait()
+            if m._abort:
+                raise RuntimeError("abort flag set on syncthreads clear")
+
+    run._event_driven = True
+    manager._release, manager.run = release, run
+    thread.run, thread.syncthreads = thread_run, syncthreads
+
+
+wake_simulator_barriers_by_condition()
+
+
 @functools.lru_cache(maxsize=None)
 def make_recompute_p(T, causal):
     """recompute_p(s_ij, lse_i, i, j, nq, nk), every backward's P from the forward's lse."""
