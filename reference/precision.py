@@ -1,5 +1,7 @@
 """Products on tensor cores in float32 precision, as NumPy models: TF32 rounding, the 3xTF32
-split and a 3xTF32 matrix product (what numba_flash/kernels/fa2_mma.py computes).
+split and a 3xTF32 matrix product (what numba_flash/kernels/fa2_mma.py computes); and the two
+half formats' rounding (float16: 10 mantissa bits, largest finite 65504; bfloat16: 7 mantissa
+bits, float32's range), which the half-precision models of reference/half.py use.
 
 TF32 keeps 10 of float32's 23 mantissa bits (float32's range). A product of two TF32 numbers is
 exact in float32, so tensor cores multiply TF32 inputs exactly; rounding the inputs is the error
@@ -9,6 +11,10 @@ below 2^-22 |a b|) makes a float32-accurate product from three TF32 ones ("3xTF3
 """
 
 import numpy as np
+
+HALF_FORMATS = ("float16", "bfloat16")
+HALF_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
+HALF_UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}   # half a unit in the last place
 
 TF32_DROPPED_BITS = 13      # float32's low mantissa bits that TF32 drops
 TF32_STEP = 8               # the contraction length of one mma.m16n8k8 TF32
@@ -82,3 +88,24 @@ def matmul_fma_order(a, b):
     for c in range(a.shape[1]):
         acc = (acc + np.outer(a[:, c].astype(np.float64), b[c])).astype(np.float32)
     return acc
+
+
+def round_half(x, fmt):
+    """float32 array x rounded to the half format `fmt` ("float16" or "bfloat16"), to nearest
+    with ties to even (as cvt.rn.f16.f32 / cvt.rn.bf16.f32 and torch's .to(dtype) round),
+    returned as float32 holding the rounded values. float16: values past 65504 become +-inf
+    (NumPy's float16 cast); bfloat16: the low 16 bits of float32 rounded off in integer
+    arithmetic (float32's range; only values within half a unit of float32's largest round up
+    to inf). inf and NaN stay."""
+    if fmt not in HALF_FORMATS:
+        raise ValueError(f"fmt must be one of {HALF_FORMATS}, got {fmt!r}")
+    x = np.asarray(x, dtype=np.float32)
+    if fmt == "float16":
+        with np.errstate(over="ignore"):
+            return x.astype(np.float16).astype(np.float32)
+    bits = x.view(np.uint32)
+    # round to nearest even: add 0x7FFF plus the lowest kept bit, then clear the low 16 bits
+    lsb = (bits >> np.uint32(16)) & np.uint32(1)
+    rounded = (bits + np.uint32(0x7FFF) + lsb) & np.uint32(0xFFFF0000)
+    finite = (bits & np.uint32(0x7F800000)) != np.uint32(0x7F800000)
+    return np.where(finite, rounded, bits).astype(np.uint32).view(np.float32)
