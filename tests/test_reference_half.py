@@ -103,3 +103,76 @@ def test_fully_masked_rows_give_zeros_and_minus_inf(fmt):
     assert np.isneginf(lse[..., :5]).all() and np.isfinite(lse[..., 5:]).all()
     assert (out[..., :5, :] == 0).all() and (dq[..., :5, :] == 0).all()
     assert np.isfinite(dk).all() and np.isfinite(dv).all()
+
+
+# The tolerance rule for half kernels (numba_flash.testing.tolerance.half_format): the
+# FlashAttention model, standing in for a correct half kernel, passes it; careless ones fail.
+
+from numba_flash.testing.tolerance import (backward_truth, check_backward,  # noqa: E402
+                                           check_forward, forward_truth)
+
+
+def _half_inputs(fmt, shape_q, shape_kv, seed, logit_scale=1.0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(shape_q) * logit_scale
+    k = rng.standard_normal(shape_kv) * logit_scale
+    v, dout = rng.standard_normal(shape_kv), rng.standard_normal(shape_q)
+    return tuple(a.astype(np.float32).astype(NUMPY_TYPE[fmt]) for a in (q, k, v, dout))
+
+
+def _flash_stand_in(q, k, v, dout, fmt, causal):
+    """What a half kernel following reference.half returns: out and gradients in the half
+    dtype, lse in float32 (GQA by repeated key heads, dk and dv summed back)."""
+    heads, kv_heads = q.shape[1], k.shape[1]
+    q32, k32, v32, do32 = (a.astype(np.float32) for a in (q, k, v, dout))
+    k32, v32 = ref.repeat_kv(k32, heads), ref.repeat_kv(v32, heads)
+    out, lse = flash_forward_half(q32, k32, v32, fmt, causal=causal)
+    dq, dk, dv = flash_backward_half(do32, q32, k32, v32, out, lse, fmt, causal=causal)
+    dk, dv = (round_half(ref.sum_kv_groups(g, kv_heads), fmt) for g in (dk, dv))
+    t = NUMPY_TYPE[fmt]
+    return out.astype(t), lse, (dq.astype(t), dk.astype(t), dv.astype(t))
+
+
+HALF_PROBLEMS = [  # (name, q shape, k/v shape, causal, logit scale)
+    ("ordinary", (1, 2, 40, 16), (1, 2, 40, 16), False, 1.0),
+    ("GQA, causal, Nq < Nk", (2, 4, 23, 24), (2, 2, 37, 24), True, 1.0),
+    ("fully masked rows", (1, 1, 30, 8), (1, 1, 12, 8), True, 1.0),
+    ("large logits", (1, 2, 33, 32), (1, 2, 33, 32), False, 8.0),
+]
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("name,qs,kvs,causal,logits", HALF_PROBLEMS, ids=lambda x: str(x))
+def test_flash_stand_in_passes_the_half_rule(fmt, name, qs, kvs, causal, logits):
+    q, k, v, dout = _half_inputs(fmt, qs, kvs, seed=len(name), logit_scale=logits)
+    out, lse, grads = _flash_stand_in(q, k, v, dout, fmt, causal)
+    checks = check_forward(q, k, v, out, lse, causal=causal) + check_backward(
+        dout, q, k, v, *grads, causal=causal)
+    assert all(c.ok for c in checks), "\n".join(map(str, checks))
+    # the half floor is tight: at most a few percent of what the rule allows (not 12 %)
+    assert checks[0].allowed < 0.5 * np.abs(v.astype(np.float32)).max()
+
+
+def test_careless_half_kernels_fail_the_rule():
+    # 1. S stored in float16 (standard attention's rounding): NaN where |S| > 65504
+    q, k, v, dout = _half_inputs("float16", (1, 1, 16, 8), (1, 1, 16, 8), seed=3,
+                                 logit_scale=400.0)
+    out, lse = attention_forward_half(*(a.astype(np.float32) for a in (q, k, v)), "float16")
+    checks = check_forward(q, k, v, out.astype(np.float16), lse)
+    assert not checks[0].ok and "NaN" in checks[0].note
+    # 2. the output accumulator held in half (O rounded after every key added): the roundings
+    # pile up with Nk
+    q, k, v, dout = _half_inputs("float16", (1, 1, 512, 16), (1, 1, 512, 16), seed=5)
+    q32, k32, v32, do32 = (a.astype(np.float32) for a in (q, k, v, dout))
+    out, lse = flash_forward_half(q32, k32, v32, "float16")
+    P = np.exp((q32 @ k32.swapaxes(-1, -2)) / np.float32(4.0) - lse[..., None])
+    acc = np.zeros_like(q32)
+    for j in range(k.shape[-2]):                 # O += P_j v_j, held in float16
+        acc = round_half(acc + P[..., :, j, None] * v32[..., j, None, :], "float16")
+    forward = check_forward(q, k, v, acc.astype(np.float16), lse)
+    assert not forward[0].ok and forward[1].ok, forward
+    # and the truth is of the half inputs, in float64
+    t = forward_truth(q, k, v)
+    assert t.dtype == np.float16 and t.out.dtype == np.float64
+    bt = backward_truth(dout, q, k, v)
+    assert all(g.dtype == np.float64 for g in bt.grads)

@@ -61,6 +61,33 @@ GRADIENT_MULTIPLE = 3.0
 FLOOR_ULPS = 16
 S_ROUNDING_ULPS = 2
 D_ROUNDING_ULPS = 2
+HALF_FLOOR_ULPS = 1          # of a half format's eps (two units of roundoff): see half_format
+
+
+def half_format(dtype):
+    """"float16" or "bfloat16" for a half dtype (NumPy's float16, ml_dtypes' bfloat16), else
+    None. Half kernels are held to the same rule against float64 truth of the same half
+    inputs, with two changes (issue 24, FlashAttention's rule): "plain attention in the
+    kernel's precision" is standard attention stored in half (reference.half: S, P, out, dP,
+    dS rounded to the format), and the floor is HALF_FLOOR_ULPS of the format's eps at the
+    largest truth value (out and the gradients are rounded to it once; FLOOR_ULPS of it would
+    allow 12 % in bfloat16) plus float32's floor at the terms' size (_floor). What
+    the kernels compute in float32 (S, lse, P before its rounding, D) keeps float32's
+    allowances (logit_rounding and the backward's extras, from the float32 values)."""
+    name = np.dtype(dtype).name
+    return name if name in ref.precision.HALF_FORMATS else None
+
+
+def _floor(dtype, largest, terms):
+    """The rounding floor: FLOOR_ULPS of the dtype's eps times the larger of the largest truth
+    value and the terms' size; for a half format, HALF_FLOOR_ULPS of its eps times the largest
+    truth value (the output's one rounding to the format) plus float32's floor for the sums
+    the kernel adds in float32."""
+    fmt = half_format(dtype)
+    if fmt:
+        return (HALF_FLOOR_ULPS * 2 * ref.precision.HALF_UNIT_ROUNDOFF[fmt] * largest
+                + FLOOR_ULPS * float(np.finfo(np.float32).eps) * max(largest, terms))
+    return FLOOR_ULPS * float(np.finfo(dtype).eps) * max(largest, terms)
 
 
 @dataclass(frozen=True)
@@ -80,6 +107,7 @@ class Comparison:
 
 
 def truth_dtype(dtype):
+    """One precision up: long double for float64, float64 for float32 and the half formats."""
     return np.longdouble if np.dtype(dtype) == np.float64 else np.float64
 
 
@@ -106,8 +134,8 @@ def compare(name, got, truth, same_precision, multiple, dtype, terms=0.0, extra=
         return Comparison(name, 0.0, 0.0, 0.0, True)
     err = np.abs(got[fin] - truth[fin]).astype(np.float64)
     same_err = np.abs(same[fin].astype(truth.dtype) - truth[fin]).astype(np.float64)
-    scale = max(float(np.abs(truth[fin]).max()), float(terms), np.finfo(np.float64).tiny)
-    floor = FLOOR_ULPS * float(np.finfo(dtype).eps) * scale + extra
+    largest = max(float(np.abs(truth[fin]).max()), np.finfo(np.float64).tiny)
+    floor = _floor(dtype, largest, float(terms)) + extra
     allowed = multiple * float(np.nan_to_num(same_err.max(), posinf=0.0)) + floor
     return Comparison(name, float(err.max()), float(err.mean()), allowed,
                       bool(err.max() <= allowed))
@@ -145,13 +173,18 @@ def forward_truth(q, k, v, *, causal=False, scale=None, ns=None):
     """ForwardTruth of (q, k, v). ns: a truth.Namespace to compute float64 truth in (the
     GPU's: truth.namespace()); default NumPy. The rule is the same either way."""
     q, k, v = (np.asarray(a) for a in (q, k, v))
-    dtype = q.dtype
+    dtype, fmt = q.dtype, half_format(q.dtype)
+    if fmt:                                 # their values, in float32 (what the kernels use)
+        q, k, v = (a.astype(np.float32) for a in (q, k, v))
     k, v = expand_kv(q, k, v)
     hi = truth_dtype(dtype)
     t_out, t_lse = truth_mod.attention_forward(q.astype(hi), k.astype(hi), v.astype(hi),
                                                causal=causal, scale=scale, ns=_truth_in(ns, hi))
     with np.errstate(over="ignore"):
-        p_out, p_lse = ref.attention_forward(q, k, v, causal=causal, scale=scale)
+        if fmt:
+            p_out, p_lse = ref.attention_forward_half(q, k, v, fmt, causal=causal, scale=scale)
+        else:
+            p_out, p_lse = ref.attention_forward(q, k, v, causal=causal, scale=scale)
     # out_i = sum_j P_ij v_j with sum_j P_ij = 1: its terms are at most max |v|
     v_max = float(np.abs(v).max(initial=0.0))
     v_spread = float((v.max(axis=-2) - v.min(axis=-2)).max()) if v.size else 0.0
@@ -164,9 +197,10 @@ def check_forward(q, k, v, out, lse, *, causal=False, scale=None, truth=None):
     ForwardTruth of these inputs (forward_truth), to share between kernels; default computed
     here, in NumPy."""
     t = truth if truth is not None else forward_truth(q, k, v, causal=causal, scale=scale)
+    lse_dtype = np.float32 if half_format(t.dtype) else t.dtype    # half kernels: float32 lse
     return [compare("out", out, t.out, t.same_out, FORWARD_MULTIPLE, t.dtype, terms=t.v_max,
                     extra=t.v_spread * t.s_err),
-            compare("lse", lse, t.lse, t.same_lse, FORWARD_MULTIPLE, t.dtype, extra=t.s_err)]
+            compare("lse", lse, t.lse, t.same_lse, FORWARD_MULTIPLE, lse_dtype, extra=t.s_err)]
 
 
 def logit_rounding(q, k, scale=None):
@@ -196,7 +230,9 @@ class BackwardTruth:
 def backward_truth(dout, q, k, v, *, causal=False, scale=None, ns=None):
     """BackwardTruth of (dout, q, k, v); ns as in forward_truth."""
     dout, q, k, v = (np.asarray(a) for a in (dout, q, k, v))
-    dtype = q.dtype
+    dtype, fmt = q.dtype, half_format(q.dtype)
+    if fmt:                                 # their values, in float32 (what the kernels use)
+        dout, q, k, v = (a.astype(np.float32) for a in (dout, q, k, v))
     kv_heads = k.shape[1] if k.ndim == 4 else None
     k, v = expand_kv(q, k, v)
     hi = truth_dtype(dtype)
@@ -204,7 +240,10 @@ def backward_truth(dout, q, k, v, *, causal=False, scale=None, ns=None):
                                          v.astype(hi), causal=causal, scale=scale,
                                          ns=_truth_in(ns, hi))
     with np.errstate(over="ignore", invalid="ignore"):
-        same = ref.attention_backward(dout, q, k, v, causal=causal, scale=scale)
+        if fmt:
+            same = ref.attention_backward_half(dout, q, k, v, fmt, causal=causal, scale=scale)
+        else:
+            same = ref.attention_backward(dout, q, k, v, causal=causal, scale=scale)
     if kv_heads is not None and kv_heads != q.shape[1]:
         truth = (truth[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in truth[1:])
         same = (same[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in same[1:])
