@@ -328,6 +328,35 @@ def _classes():
                 finally:
                     del py_func._numba_flash_stamp
 
+            # The index file of a function is shared by every key (d, causal, dtype...) and
+            # numba rewrites it read-modify-write, unlocked: processes saving at once
+            # (precompile.py's workers) could lose entries or point a key at another key's
+            # data file, a wrong kernel loaded later without an error. One lock file per
+            # index serializes loads and saves across processes.
+            def _locked(self):
+                import contextlib
+                import fcntl
+                try:
+                    f = open(self._cache_file._index_path + ".lock", "a")
+                except OSError:                  # an unwritable folder: numba's own errors
+                    return contextlib.nullcontext()
+                fcntl.flock(f, fcntl.LOCK_EX)
+                return f
+
+            def load_overload(self, sig, target_context):
+                f = self._locked()
+                try:
+                    return super().load_overload(sig, target_context)
+                finally:
+                    f.close()                    # closing releases the lock
+
+            def save_overload(self, sig, data):
+                f = self._locked()
+                try:
+                    return super().save_overload(sig, data)
+                finally:
+                    f.close()
+
             def _function_digest(self):
                 if self._digest is None:
                     try:
