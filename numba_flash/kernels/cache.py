@@ -334,12 +334,11 @@ def _classes():
             # data file, a wrong kernel loaded later without an error. One lock file per
             # index serializes loads and saves across processes.
             def _locked(self):
-                import contextlib
                 import fcntl
                 try:
                     f = open(self._cache_file._index_path + ".lock", "a")
-                except OSError:                  # an unwritable folder: numba's own errors
-                    return contextlib.nullcontext()
+                except OSError:                  # an unwritable folder: no lock (and numba's
+                    return open(os.devnull, "a")  # own save fails and is reported as before)
                 fcntl.flock(f, fcntl.LOCK_EX)
                 return f
 
