@@ -178,21 +178,30 @@ def empty_device(shape, dtype, like=None):
         import torch
         owner = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name),
                             device=like.device)
-        arr = cuda.as_cuda_array(owner, sync=False)     # new memory: nothing to wait for
     elif kind == "cupy":
         import cupy
         with cupy.cuda.Device(like.device.id):
-            arr = cuda.as_cuda_array(cupy.empty(shape, dtype=dtype), sync=False)
+            owner = cupy.empty(shape, dtype=dtype)
     else:
+        owner = None
+    if owner is None:
         arr = cuda.device_array(shape, dtype=dtype)
+    else:
+        arr = cuda.as_cuda_array(owner, sync=False)     # new memory: nothing to wait for
+        arr.pool_owner = owner      # from_device returns it: the pool's own tensor or array
     for meter in AllocationMeter.active:
         meter.bytes += arr.nbytes
     return arr
 
 
 def from_device(d_arr, shape, like):
-    """A device result returned as the kind of array `like` is, with the given shape."""
+    """A device result returned as the kind of array `like` is, with the given shape: for torch
+    and CuPy the pool's own tensor or array that empty_device allocated (so that, say,
+    Tensor.record_stream works on it), reshaped."""
     kind = kind_of(like)
+    owner = getattr(d_arr, "pool_owner", None)
+    if owner is not None and kind in ("torch", "cupy"):
+        return owner.reshape(shape)
     d_arr = d_arr.reshape(shape)
     if kind == "numpy":
         return d_arr.copy_to_host()

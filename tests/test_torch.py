@@ -140,11 +140,16 @@ def test_training_a_tiny_model_matches_sdpa_and_its_loss_falls():
 @pytest.mark.gpu
 def test_gpu_ordered_on_a_side_stream_after_queued_work():
     # q is written on a side stream behind ~0.1 s of queued GPU work: kernels on another stream
-    # (or a host sync on the wrong one) would read it unwritten; out is read on that stream
+    # (or a host sync on the wrong one) would read it unwritten; out is read on that stream.
+    # The pair is compiled first, so the call returns while the sleep still runs: the host did
+    # not wait (side.query() False), and the result is right only if the kernels were ordered
     torch.manual_seed(4)
     q_true, k, v = (torch.randn(2, 4, 1000, 64, device="cuda", requires_grad=True)
                     for _ in range(3))
+    flash_attention(q_true, k, v, causal=True).sum().backward()        # compile, off the clock
     expected = sdpa_bottom_right(q_true.double(), k.double(), v.double(), True)
+    grads = torch.autograd.grad(expected.sum(), (q_true, k, v))
+    k.grad = v.grad = None
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
@@ -153,11 +158,28 @@ def test_gpu_ordered_on_a_side_stream_after_queued_work():
         q.copy_(q_true.detach())
         q.requires_grad_()
         out = flash_attention(q, k, v, causal=True)
+        queued = not side.query()
         total = (out.double() - expected).abs().max()   # read on the side stream
         out.sum().backward()
     torch.cuda.synchronize()
+    assert queued, "the call waited for the side stream's queued work on the host"
     assert total.item() < 1e-4
-    assert q.grad is not None and torch.isfinite(q.grad).all()
+    for got, truth in zip((q.grad, k.grad, v.grad), grads):
+        assert (got.double() - truth).abs().max().item() < 1e-3
+
+
+@pytest.mark.gpu
+def test_gpu_outputs_are_the_allocators_own_tensors():
+    # empty_device allocates from torch's caching pool; from_device must hand back that
+    # tensor (a view of its storage), not a new tensor over its pointer, for which
+    # Tensor.record_stream would silently do nothing
+    from numba_flash import arrays
+    like = torch.empty(1, device="cuda")
+    d_arr = arrays.empty_device((3, 5), np.float32, like=like)
+    got = arrays.from_device(d_arr, (15,), like)
+    assert got.untyped_storage()._cdata == d_arr.pool_owner.untyped_storage()._cdata
+    assert got.data_ptr() == d_arr.device_ctypes_pointer.value
+    got.record_stream(torch.cuda.Stream())
 
 
 @pytest.mark.gpu
@@ -166,17 +188,20 @@ def test_gpu_cupy_arrays_run_on_cupys_current_stream():
     from numba_flash import flash_attention_forward
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((1, 2, 777, 64)).astype(np.float32) for _ in range(3))
-    ref, _ = flash_attention_forward(q, k, v)
+    ref, _ = flash_attention_forward(q, k, v)                   # compiles, off the clock
+    q_dev, k_dev, v_dev = (cupy.asarray(x) for x in (q, k, v))
+    cupy.cuda.Device().synchronize()
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
-        dq = cupy.zeros(q.shape, np.float32)
         a = cupy.ones((4096, 4096), np.float32)
-        for _ in range(20):                            # queued work in front of the copy
+        for _ in range(50):                            # queued work in front of dq
             a = a @ a * np.float32(1e-4)
-        dq.set(q, stream=stream)
-        out, _ = flash_attention_forward(dq, cupy.asarray(k), cupy.asarray(v))
+        dq = q_dev.copy()                              # produced on the device, on the stream
+        out, _ = flash_attention_forward(dq, k_dev, v_dev)
+        queued = not stream.done
         got = cupy.asnumpy(out, stream=stream)
     stream.synchronize()
+    assert queued, "the call waited for the stream's queued work on the host"
     assert np.abs(got - ref).max() < 1e-5
 
 
