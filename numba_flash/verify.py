@@ -10,6 +10,7 @@ cache on, the plan's kernels are first compiled in parallel processes (precompil
 
 import sys
 import time
+import warnings
 
 from . import registry
 from .kernels import cache
@@ -21,7 +22,17 @@ from .testing.campaign import plan, run_checks
 DTYPES = ("float32", "float64")
 
 
-def main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None, cases=None,
+def main(*args, **kwargs):
+    """Print the table and a summary; return 0 when every row passes, 1 when one fails, 2 for
+    a usage error. Arguments: _main's. Numba's low-occupancy warnings are not printed: the
+    cases are small on purpose."""
+    from numba.core.errors import NumbaPerformanceWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NumbaPerformanceWarning)
+        return _main(*args, **kwargs)
+
+
+def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None, cases=None,
          progress=None):
     """Print the table and a summary; return 0 when every row passes, 1 when one fails, 2 for
     a usage error (an unknown kernel or case name, nothing to run).

@@ -84,6 +84,25 @@ def test_split_tf32_keeps_float32_accuracy():
     check_split((rng.standard_normal(200) * 1e3).astype(np.float32))
 
 
+def test_split_tf32_special_values():
+    """Zeros, subnormals and the largest finite values split to the model's bits (small as
+    round_tf32_host(x - big), the sign of a zero included); NaN (NumPy's, the GPU's
+    canonical 0x7fffffff and its negation, whose rounding carries into the sign bit) and
+    infinities give a NaN small part, so that every product with them is NaN. (x within half a
+    TF32 place of float32's largest rounds to inf in both; left out: small is then -inf or
+    NaN by implementation.)"""
+    bits = np.array([0x7FFFFFFF, 0xFFFFFFFF, 0x7FC00000, 0xFFC00000, 0x7FBFFFFF], np.uint32)
+    nonfinite = np.concatenate([bits.view(np.float32), np.float32([np.inf, -np.inf])])
+    finite = np.float32([0.0, -0.0, 1e-45, -1e-45, 1e-40, -3e-39, 1.1754944e-38, 1.0,
+                         -1.0009766, 3.4e38, -3.4e38, 6e-8, 65504.0, 1 + 2.0 ** -12])
+    big, small = split(np.concatenate([finite, nonfinite]))
+    n = finite.size
+    np.testing.assert_array_equal(big[:n].view(np.uint32), round_tf32_host(finite).view(np.uint32))
+    want_small = round_tf32_host((finite - big[:n]).astype(np.float32))
+    np.testing.assert_array_equal(small[:n].view(np.uint32), want_small.view(np.uint32))
+    assert np.all(np.isnan(small[n:])), small[n:]
+
+
 @pytest.mark.gpu
 def test_gpu_split_tf32_keeps_float32_accuracy():
     rng = np.random.default_rng(2)
