@@ -67,42 +67,41 @@ else:
     # a NaN q), into the sign bit and make it -0.0, a finite logit where truth is NaN
     # (2026-12-02). Its split leaves inf's small part NaN (inf - inf): the tensor-core kernels
     # give NaN rows where an input is infinite (README, "What bad input gets").
-    @intrinsic
-    def round_tf32(typingctx, x):
-        if x != types.float32:
-            return None
-        sig = types.float32(x)
+    def _tf32_rounding(keep_nonfinite):
+        """An intrinsic rounding a float32 to TF32 (round_tf32's bit arithmetic); with
+        keep_nonfinite inf and NaN pass unchanged (the select), else a NaN whose mantissa's
+        high bits are all ones (the GPU's canonical 0x7fffffff) carries into the sign bit and
+        comes out -0.0: two instructions (IADD, LOP3) where the select makes it five."""
+        @intrinsic
+        def rounding(typingctx, x):
+            if x != types.float32:
+                return None
+            sig = types.float32(x)
 
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            bits = builder.bitcast(args[0], i32)
-            half = ir.Constant(i32, 1 << (TF32_DROPPED_BITS - 1))
-            mask = ir.Constant(i32, -(1 << TF32_DROPPED_BITS))
-            exponent = ir.Constant(i32, 0x7F800000)
-            finite = builder.icmp_unsigned("!=", builder.and_(bits, exponent), exponent)
-            rounded = builder.and_(builder.add(bits, half), mask)
-            return builder.bitcast(builder.select(finite, rounded, bits), ir.FloatType())
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                bits = builder.bitcast(args[0], i32)
+                half = ir.Constant(i32, 1 << (TF32_DROPPED_BITS - 1))
+                mask = ir.Constant(i32, -(1 << TF32_DROPPED_BITS))
+                rounded = builder.and_(builder.add(bits, half), mask)
+                if keep_nonfinite:
+                    exponent = ir.Constant(i32, 0x7F800000)
+                    finite = builder.icmp_unsigned("!=", builder.and_(bits, exponent), exponent)
+                    rounded = builder.select(finite, rounded, bits)
+                return builder.bitcast(rounded, ir.FloatType())
 
-        return sig, codegen
+            return sig, codegen
+        return rounding
 
-    @intrinsic
-    def _round_tf32_carrying(typingctx, x):
-        """round_tf32 without its select: the same bits for finite x and inf, but a NaN whose
-        mantissa's high bits are all ones (the GPU's canonical 0x7fffffff) carries into the
-        sign bit and comes out -0.0. Two instructions (IADD, LOP3) where round_tf32 takes five;
-        only for split_tf32, which puts the NaN back."""
-        if x != types.float32:
-            return None
-        sig = types.float32(x)
-
-        def codegen(context, builder, sig, args):
-            i32 = ir.IntType(32)
-            bits = builder.bitcast(args[0], i32)
-            half = ir.Constant(i32, 1 << (TF32_DROPPED_BITS - 1))
-            mask = ir.Constant(i32, -(1 << TF32_DROPPED_BITS))
-            return builder.bitcast(builder.and_(builder.add(bits, half), mask), ir.FloatType())
-
-        return sig, codegen
+    # Integer arithmetic on the bits, as the NumPy model: add half of the dropped part's weight,
+    # clear the dropped bits. inf and NaN pass unchanged (a select): the sum would carry a NaN
+    # whose mantissa is all ones, the GPU's canonical NaN (0x7fffffff, what q * scale makes of
+    # a NaN q), into the sign bit and make it -0.0, a finite logit where truth is NaN
+    # (2026-12-02). Its split leaves inf's small part NaN (inf - inf): the tensor-core kernels
+    # give NaN rows where an input is infinite (README, "What bad input gets").
+    round_tf32 = _tf32_rounding(keep_nonfinite=True)
+    # only for split_tf32, which puts the NaN back
+    _round_tf32_carrying = _tf32_rounding(keep_nonfinite=False)
 
     @intrinsic
     def _keep_nan(typingctx, residual, small):
