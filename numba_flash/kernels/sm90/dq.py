@@ -23,7 +23,7 @@ from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div,
                        head_grid, head_index, inlined_device_function, kernel_jit,
                        kv_head, make_recompute_p, simulator_switch_interval)
 from ..vector_io import AlignedDispatch
-from .forward import BLOCK_M_WIDE, STAGE_LOADS, split_p_chain
+from .forward import BLOCK_M_WIDE, STAGE_LOADS, split_ds_chain
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add,
                        add_in_turn, clear, make_global_fragment, make_lean_s, make_stage,
                        make_wide_s, row_stats)
@@ -126,10 +126,10 @@ def make_lean_dq_kernel(causal):
                                                U(SCRATCH_AT)))
             ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk)
             # dQ += dS K: dS's C fragment is the A fragment against the permuted K^T
-            split_p_chain(a_big, a_small, s_acc, 0)
+            split_ds_chain(a_big, a_small, s_acc, 0)
             add(dq_acc, chained_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), 0,
                                      U(SCRATCH_AT)))
-            split_p_chain(a_big, a_small, s_acc, CHAIN)
+            split_ds_chain(a_big, a_small, s_acc, CHAIN)
             add(dq_acc, chained_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), CHAIN,
                                      U(SCRATCH_AT)))
             n0 += uBM
@@ -221,12 +221,12 @@ def make_wide_dq_kernel(causal, vector_loads):
             ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk)
             # dQ += dS K against K^T's halves (written out: a loop holding a wgmma is not
             # unrolled, and dq0 / dq1 picked by its index would live in local memory)
-            split_p_chain(a_big, a_small, s_acc, 0)
+            split_ds_chain(a_big, a_small, s_acc, 0)
             add(dq0, chained_regs(sm, a_big, a_small, U(WIDE_KT_T), U(WIDE_KT_T + TILE), 0,
                                   scratch))
             add(dq1, chained_regs(sm, a_big, a_small, U(WIDE_KT_T + HALF),
                                   U(WIDE_KT_T + HALF + TILE), 0, scratch))
-            split_p_chain(a_big, a_small, s_acc, CHAIN)
+            split_ds_chain(a_big, a_small, s_acc, CHAIN)
             add(dq0, chained_regs(sm, a_big, a_small, U(WIDE_KT_T), U(WIDE_KT_T + TILE), CHAIN,
                                   scratch))
             add(dq1, chained_regs(sm, a_big, a_small, U(WIDE_KT_T + HALF),

@@ -25,7 +25,7 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-from ..mma import split_tf32
+from ..mma import split_tf32, split_tf32_nan_elsewhere
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
                        head_index, inlined_device_function, kernel_jit, kv_head,
                        simulator_launch)
@@ -75,14 +75,24 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
     return launcher(bool(causal))
 
 
-@inlined_device_function
-def split_p_chain(a_big, a_small, p, s0):
-    """The A fragments of P V's steps s0..s0 + CHAIN, split, into a_big, a_small (step s0 + s's
-    at 4 s..): P's C-fragment entries 4s, 4s + 2, 4s + 1, 4s + 3 against the permuted V^T."""
-    for s in range(CHAIN):
-        for e in range(4):
-            a_big[4 * s + e], a_small[4 * s + e] = split_tf32(p[4 * (s0 + s) + (e % 2) * 2
-                                                                + e // 2])
+def _split_chain(split):
+    @inlined_device_function
+    def split_chain(a_big, a_small, p, s0):
+        """The A fragments of X V's steps s0..s0 + CHAIN (X = P here, dS in sm90.dq), split,
+        into a_big, a_small (step s0 + s's at 4 s..): X's C-fragment entries 4s, 4s + 2,
+        4s + 1, 4s + 3 against the permuted V^T."""
+        for s in range(CHAIN):
+            for e in range(4):
+                a_big[4 * s + e], a_small[4 * s + e] = split(p[4 * (s0 + s) + (e % 2) * 2
+                                                               + e // 2])
+    return split_chain
+
+
+# P's NaN reaches out and lse through l, so P may lose it in its split (5 instructions where
+# the NaN-keeping split takes 6: the lean forward was 5 % slower with it at d = 64 on an H200,
+# 2026-12-03); dS (sm90.dq) has no such path and keeps it
+split_p_chain = _split_chain(split_tf32_nan_elsewhere)
+split_ds_chain = _split_chain(split_tf32)
 
 
 @functools.lru_cache(maxsize=None)
