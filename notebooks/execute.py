@@ -1,6 +1,6 @@
 """Run the notebooks and write each one's .ipynb with its outputs (figures included).
 
-    python notebooks/execute.py            # all seven
+    python notebooks/execute.py            # all eight
     python notebooks/execute.py 03 06      # those whose names start with 03 or 06
 
 The jupytext script (NN_name.py) is the source: each is read, run top to bottom on the

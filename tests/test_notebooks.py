@@ -22,11 +22,11 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
 # the notebooks that run no kernel (plots of recorded data and NumPy models): cheap enough to
 # run a second time as plain scripts, which must save their figures
-PLOTS_ONLY = ("01_memory_wall", "02_softmax", "06_performance", "07_tensor_cores")
+PLOTS_ONLY = ("01_memory_wall", "02_softmax", "06_performance", "07_tensor_cores", "08_training")
 
 
-def test_there_are_seven_notebooks():
-    assert len(NOTEBOOKS) == 7, NOTEBOOKS
+def test_there_are_eight_notebooks():
+    assert len(NOTEBOOKS) == 8, NOTEBOOKS
     assert sorted(p.with_suffix(".ipynb") for p in NOTEBOOKS) == sorted(
         (ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))
 
