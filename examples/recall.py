@@ -10,6 +10,7 @@ among the keys and copy the token after it (an induction head). Keys and values 
 from separate halves of the vocabulary, keys without repeats; nothing is downloaded.
 
     python examples/recall.py --attention both --steps 400 --json recall.json
+    python examples/recall.py --attention both --steps 400 --dtype bfloat16 --json bf16.json
 
 trains the same initial model with both attentions on the same batches, with a progress bar,
 and prints the largest relative difference of the two loss curves, the final accuracies and
@@ -108,10 +109,13 @@ class GPT(nn.Module):
 
 
 def train(model, task, attend, steps, batch_size, lr=3e-3, seed=0, device="cpu",
-          progress=False, desc=None):
-    """Train with AdamW on batches drawn from `seed` (the same batches for the same seed).
+          progress=False, desc=None, autocast=None):
+    """Train with AdamW on batches drawn from `seed` (the same batches for the same seed);
+    autocast: None, or a half dtype the forward runs in under torch.autocast (mixed
+    precision: float32 weights, q, k, v and the attention in that dtype).
     Returns dict(loss=[per step], accuracy=[per step], seconds_per_step) where accuracy is the
     fraction of answers predicted right (argmax) in that step's batch."""
+    import contextlib
     from tqdm import tqdm
     generator = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -122,7 +126,9 @@ def train(model, task, attend, steps, batch_size, lr=3e-3, seed=0, device="cpu",
     t0 = time.perf_counter()
     for _ in bar:
         tokens, targets = task.batch(batch_size, generator, device)
-        logits = model(tokens, attend)
+        with (torch.autocast(torch.device(device).type, dtype=autocast) if autocast
+              else contextlib.nullcontext()):
+            logits = model(tokens, attend).float()
         loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=-100)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -139,17 +145,22 @@ def train(model, task, attend, steps, batch_size, lr=3e-3, seed=0, device="cpu",
 def compare(task, steps, batch_size, width=64, heads=4, layers=2, lr=3e-3, seed=0,
             device="cpu", dtype=torch.float32, kernel="auto", progress=False):
     """The same initial model (seed) trained with SDPA and with numba-flash on the same
-    batches. Returns a dict: per-step losses and accuracies of both, the largest relative
-    difference of the losses, seconds per step of both, and the settings."""
+    batches; dtype: float32 or float64 (the model in it), or bfloat16 / float16 (float32
+    weights, the forward under torch.autocast in that dtype: mixed precision, q, k, v and
+    the attention in half). Returns a dict: per-step losses and accuracies of both, the
+    largest relative difference of the losses, seconds per step of both, and the settings."""
+    half = dtype in (torch.bfloat16, torch.float16)
     torch.manual_seed(seed)
-    first = GPT(task.vocab, task.length, width, heads, layers).to(device, dtype)
-    second = GPT(task.vocab, task.length, width, heads, layers).to(device, dtype)
+    first = GPT(task.vocab, task.length, width, heads, layers).to(
+        device, torch.float32 if half else dtype)
+    second = GPT(task.vocab, task.length, width, heads, layers).to(
+        device, torch.float32 if half else dtype)
     second.load_state_dict(first.state_dict())
     runs = {}
     for name, model, attend in (("sdpa", first, sdpa),
                                 ("numba-flash", second, numba_flash_attention(kernel))):
         runs[name] = train(model, task, attend, steps, batch_size, lr, seed, device, progress,
-                           desc=name)
+                           desc=name, autocast=dtype if half else None)
     a, b = runs["sdpa"]["loss"], runs["numba-flash"]["loss"]
     rel = max(abs(x - y) / abs(x) for x, y in zip(a, b))
     return dict(task=asdict(task), steps=steps, batch_size=batch_size, width=width,
@@ -172,12 +183,15 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--kernel", default="auto", help="numba-flash kernel name")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                        help="half: float32 weights, the forward under torch.autocast")
     parser.add_argument("--json", help="write every step's losses and accuracies here")
     args = parser.parse_args(argv)
     task = Task(args.pairs, args.queries, args.keys)
     if args.attention == "both":
         result = compare(task, args.steps, args.batch, args.width, args.heads, args.layers,
-                         seed=args.seed, device=args.device, kernel=args.kernel, progress=True)
+                         seed=args.seed, device=args.device, kernel=args.kernel, progress=True,
+                         dtype=getattr(torch, args.dtype))
         for name, run in result["runs"].items():
             print(f"{name:12} final loss {run['loss'][-1]:.4f}  accuracy (last 10 steps) "
                   f"{sum(run['accuracy'][-10:]) / len(run['accuracy'][-10:]):.3f}  "
@@ -189,7 +203,8 @@ def main(argv=None):
         model = GPT(task.vocab, task.length, args.width, args.heads, args.layers).to(args.device)
         attend = sdpa if args.attention == "sdpa" else numba_flash_attention(args.kernel)
         run = train(model, task, attend, args.steps, args.batch, seed=args.seed,
-                    device=args.device, progress=True, desc=args.attention)
+                    device=args.device, progress=True, desc=args.attention,
+                    autocast=None if args.dtype == "float32" else getattr(torch, args.dtype))
         result = dict(task=asdict(task), runs={args.attention: run})
         print(f"final loss {run['loss'][-1]:.4f}, accuracy {run['accuracy'][-1]:.3f}, "
               f"{1e3 * run['seconds_per_step']:.1f} ms/step")

@@ -9,10 +9,14 @@ from dataclasses import dataclass
 import numpy as np
 
 import reference as ref
+from reference.precision import half_format
 
 from . import arrays
 from . import registry
+from .kernels import convert
 from .kernels.support import MAX_HEAD_DIM, ceil_div, head_grid, simulator_exclusive
+
+DTYPES = ("float16", "bfloat16", "float32", "float64")
 
 
 @dataclass(frozen=True)
@@ -23,8 +27,19 @@ class Shapes:
     nq: int
     nk: int
     d: int
-    dtype: np.dtype
+    dtype: np.dtype      # the inputs' (and outputs') dtype
     scale: float
+
+    @property
+    def half(self):
+        """"float16" or "bfloat16" for half inputs, else None."""
+        return half_format(self.dtype)
+
+    @property
+    def compute_dtype(self):
+        """The dtype the kernels run in: float32 for half inputs (widened on the device,
+        results rounded back once), else the inputs'."""
+        return np.dtype(np.float32) if self.half else self.dtype
 
     @property
     def batch_heads(self):
@@ -87,10 +102,8 @@ def _validate(q, k, v, scale):
     dtypes = {}
     for name, x in named:
         dt = arrays.dtype_of(name, x)
-        if dt.kind != "f":
-            raise TypeError(f"{name} must be float32 or float64, got {dt}")
-        if dt not in (np.float32, np.float64):
-            raise TypeError(f"{name}: {dt} is not supported (float32 and float64 are)")
+        if dt.name not in DTYPES:
+            raise TypeError(f"{name} must be one of {', '.join(DTYPES)}, got {dt}")
         dtypes[name] = dt
     if len(set(dtypes.values())) > 1:
         raise TypeError("q, k, v must share one dtype, got "
@@ -134,8 +147,29 @@ def _validate(q, k, v, scale):
         if arrays.kind_of(x) != "numpy" and not arrays.is_c_contiguous(x):
             raise ValueError(f"{name} is a non-contiguous device array; pass a contiguous copy "
                              f"(e.g. .contiguous() in torch, cupy.ascontiguousarray)")
-    scale = _scale(d, scale, dtypes["q"])
+    # the scale multiplies the kernels' float32 products for half inputs
+    scale = _scale(d, scale, np.dtype(np.float32) if half_format(dtypes["q"]) else dtypes["q"])
     return Shapes(qs[:-2], ks[:-2], qs[-2], ks[-2], d, dtypes["q"], scale)
+
+
+def _widened(d_x, p, like, stream):
+    """d_x (half) as a new float32 device array from like's pool, on `stream`; d_x itself
+    when the inputs are not half."""
+    if not p.half:
+        return d_x
+    wide = arrays.empty_device(d_x.shape, np.float32, like=like)
+    convert.widen(d_x, wide, p.half, stream)
+    return wide
+
+
+def _narrowed(d_x, p, like, stream):
+    """float32 d_x rounded to the inputs' half dtype (a new array from like's pool, on
+    `stream`); d_x itself when the inputs are not half."""
+    if not p.half:
+        return d_x
+    narrow = arrays.empty_device(d_x.shape, p.dtype, like=like)
+    convert.narrow(d_x, narrow, p.half, stream)
+    return narrow
 
 
 def _blocks(defaults, block_m, block_n):
@@ -166,36 +200,39 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     back as the registry says). block_m / block_n override the pair's tile sizes (ValueError
     for tiles it cannot take). Pass the same kernel to flash_attention_backward.
 
-    Returns out (..., Nq, d) like q and lse (..., Nq) (natural log, float32 for float32
-    inputs, float64 for float64), as the same kind of array as q. Rows that see no key
+    Returns out (..., Nq, d) like q and lse (..., Nq) (natural log, float64 for float64
+    inputs, else float32), as the same kind of array as q. Rows that see no key
     (Nq > Nk under causal) give out = 0, lse = -inf.
     """
     causal = _flag("causal", causal)
     q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
     p = _validate(q, k, v, scale)
-    pair = registry.resolve(kernel, p.d, p.dtype)
-    bm, bn = _blocks(pair.forward_tiles(p.d, p.dtype), block_m, block_n)
-    launch, threads = pair.make_forward(bm, bn, p.d, causal, p.dtype)
+    dt = p.compute_dtype
+    pair = registry.resolve(kernel, p.d, dt)
+    bm, bn = _blocks(pair.forward_tiles(p.d, dt), block_m, block_n)
+    launch, threads = pair.make_forward(bm, bn, p.d, causal, dt)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     ptr, stream = arrays.launch_stream(q)
-    d_q = arrays.to_device(q, (bh, p.nq, p.d), ptr)
-    d_k = arrays.to_device(k, (bhk, p.nk, p.d), ptr)
-    d_v = arrays.to_device(v, (bhk, p.nk, p.d), ptr)
-    d_out = arrays.empty_device((bh, p.nq, p.d), p.dtype, like=q)
-    d_lse = arrays.empty_device((bh, p.nq), p.dtype, like=q)
+    d_out = arrays.empty_device((bh, p.nq, p.d), dt, like=q)
+    d_lse = arrays.empty_device((bh, p.nq), dt, like=q)
     grid = (ceil_div(p.nq, bm), *head_grid(bh))
     with simulator_exclusive():
-        launch[grid, threads, stream](d_q, d_k, d_v, d_out, d_lse, p.dtype.type(p.scale),
+        d_q = _widened(arrays.to_device(q, (bh, p.nq, p.d), ptr), p, q, stream)
+        d_k = _widened(arrays.to_device(k, (bhk, p.nk, p.d), ptr), p, q, stream)
+        d_v = _widened(arrays.to_device(v, (bhk, p.nk, p.d), ptr), p, q, stream)
+        launch[grid, threads, stream](d_q, d_k, d_v, d_out, d_lse, dt.type(p.scale),
                                       p.heads, p.group)
+        d_out = _narrowed(d_out, p, q, stream)
     return (arrays.from_device(d_out, p.lead + (p.nq, p.d), q),
             arrays.from_device(d_lse, p.lead + (p.nq,), q))
 
 
-def _check_like(name, x, shape, p, device):
-    """x must be an array of the given shape, of p's dtype, on the given device."""
-    dt = arrays.dtype_of(name, x)
-    if dt != p.dtype:
-        raise TypeError(f"{name} must have dtype {p.dtype} like q, got {dt}")
+def _check_like(name, x, shape, p, device, dtype=None):
+    """x must be an array of the given shape, of `dtype` (default p's), on the given device."""
+    dt, want = arrays.dtype_of(name, x), dtype or p.dtype
+    if dt != want:
+        raise TypeError(f"{name} must have dtype {want} (what the forward gives for {p.dtype} "
+                        f"q), got {dt}")
     if arrays.shape_of(x) != shape:
         raise ValueError(f"{name} must have shape {shape} (what the forward pass gives), "
                          f"got {arrays.shape_of(x)}")
@@ -210,7 +247,9 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
                              kernel="auto"):
     """FlashAttention backward on the GPU, from the forward's out and lse (no P saved).
 
-    dout and out (..., Nq, d) like q; lse (..., Nq) as flash_attention_forward returns it;
+    dout and out (..., Nq, d) like q; lse (..., Nq) as flash_attention_forward returns it
+    (float32 for half inputs, which are widened to float32 here as in the forward, and dq,
+    dk, dv rounded back once: 4 bytes an element of dout, q, k, v, out, dq, dk, dv extra);
     q, k, v, causal and scale as in flash_attention_forward (pass the same ones).
     Returns dq, dk, dv with q, k, v's shapes, as the same kind of array as q. Under GQA dk
     and dv sum over the query heads that share a key head. Rows that saw no key give zero
@@ -231,29 +270,32 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     device = arrays.device_of(q)
     _check_like("dout", dout, p.lead + (p.nq, p.d), p, device)
     _check_like("out", out, p.lead + (p.nq, p.d), p, device)
-    _check_like("lse", lse, p.lead + (p.nq,), p, device)
-    pair = registry.resolve(kernel, p.d, p.dtype)
-    bm, bn = _blocks(pair.backward_tiles(p.d, p.dtype, deterministic), block_m, block_n)
+    dt = p.compute_dtype
+    _check_like("lse", lse, p.lead + (p.nq,), p, device, dtype=dt)
+    pair = registry.resolve(kernel, p.d, dt)
+    bm, bn = _blocks(pair.backward_tiles(p.d, dt, deterministic), block_m, block_n)
     if (block_m, block_n) != (None, None):         # before any launch: the factories' errors
         if pair.check_backward_tiles is not None:
-            pair.check_backward_tiles(bm, bn, p.d, p.dtype, deterministic)
-        elif (bm, bn) != pair.backward_tiles(p.d, p.dtype, deterministic):
+            pair.check_backward_tiles(bm, bn, p.d, dt, deterministic)
+        elif (bm, bn) != pair.backward_tiles(p.d, dt, deterministic):
             raise ValueError(f"the {pair.name!r} backward has tiles "
-                             f"{pair.backward_tiles(p.d, p.dtype, deterministic)} only here, "
+                             f"{pair.backward_tiles(p.d, dt, deterministic)} only here, "
                              f"got block_m={bm}, block_n={bn}")
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     qs, ks = (bh, p.nq, p.d), (bhk, p.nk, p.d)
-    d_dq = arrays.empty_device(qs, p.dtype, like=q)
-    d_dk = arrays.empty_device(ks, p.dtype, like=q)
-    d_dv = arrays.empty_device(ks, p.dtype, like=q)
+    d_dq = arrays.empty_device(qs, dt, like=q)
+    d_dk = arrays.empty_device(ks, dt, like=q)
+    d_dv = arrays.empty_device(ks, dt, like=q)
     ptr, stream = arrays.launch_stream(q)
     with arrays.allocating_like(q), simulator_exclusive():   # workspace from q's pool too
-        pair.run_backward(arrays.to_device(dout, qs, ptr), arrays.to_device(q, qs, ptr),
-                          arrays.to_device(k, ks, ptr), arrays.to_device(v, ks, ptr),
-                          arrays.to_device(lse, (bh, p.nq), ptr),
-                          arrays.to_device(out, qs, ptr), d_dq, d_dk, d_dv, scale=p.scale,
+        wide = [_widened(arrays.to_device(x, shape, ptr), p, q, stream)
+                for x, shape in ((dout, qs), (q, qs), (k, ks), (v, ks))]
+        d_out = _widened(arrays.to_device(out, qs, ptr), p, q, stream)
+        pair.run_backward(*wide, arrays.to_device(lse, (bh, p.nq), ptr), d_out,
+                          d_dq, d_dk, d_dv, scale=p.scale,
                           heads=p.heads, group=p.group, causal=causal, block_m=bm,
                           block_n=bn, deterministic=deterministic, stream=stream)
+        d_dq, d_dk, d_dv = (_narrowed(g, p, q, stream) for g in (d_dq, d_dk, d_dv))
     return (arrays.from_device(d_dq, arrays.shape_of(q), q),
             arrays.from_device(d_dk, arrays.shape_of(k), q),
             arrays.from_device(d_dv, arrays.shape_of(v), q))

@@ -2,6 +2,8 @@
 
 Device inputs are used in place through __cuda_array_interface__; results come back as the
 same kind of array as the inputs. NumPy inputs are copied to the GPU and results back.
+Half precision: float16 (NumPy, CuPy, torch) and bfloat16 (torch, and NumPy through
+ml_dtypes); a bfloat16 array is handed to Numba as its 16-bit patterns (device_view).
 
 Streams: the kernels run on the stream of the inputs' framework (`launch_stream`): torch's
 current stream for torch tensors, CuPy's for CuPy arrays, the default stream otherwise; so
@@ -13,9 +15,13 @@ allocator, on that stream.
 import contextlib
 import threading
 
+import ml_dtypes
 import numpy as np
 
-UNSUPPORTED_FLOATS = ("float16", "bfloat16", "float8")
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+# the half formats' storage on the device: float16 as it is; bfloat16 as its 16-bit patterns
+# (int16), the __cuda_array_interface__ having no bfloat16 type
+BFLOAT16_BITS = np.dtype(np.int16)
 
 
 def kind_of(x):
@@ -31,21 +37,28 @@ def kind_of(x):
 
 
 def dtype_of(name, x):
-    """NumPy dtype of any supported array kind; TypeError naming the argument otherwise."""
+    """NumPy dtype of any supported array kind (bfloat16 as ml_dtypes'); TypeError naming the
+    argument for a torch dtype NumPy has no name for (float8 and the like)."""
     kind = kind_of(x)
     if kind == "torch":
         tname = str(x.dtype).replace("torch.", "")
-        if tname.startswith(UNSUPPORTED_FLOATS):
-            raise TypeError(f"{name}: {tname} is not supported yet (float32 and float64 are)")
         if not x.is_cuda:
             raise ValueError(f"{name}: torch tensors must be on a CUDA device, got {x.device}")
-        return np.dtype(tname)
+        if tname == "bfloat16":
+            return BFLOAT16
+        try:
+            return np.dtype(tname)
+        except TypeError:
+            raise TypeError(f"{name}: torch.{tname} is not supported (float16, bfloat16, "
+                            f"float32 and float64 are)") from None
     if kind == "numpy" and not isinstance(x, np.ndarray):
         x = np.asarray(x)
-    dt = np.dtype(x.dtype)
-    if dt == np.float16 or dt.name.startswith(UNSUPPORTED_FLOATS):
-        raise TypeError(f"{name}: {dt} is not supported yet (float32 and float64 are)")
-    return dt
+    return np.dtype(x.dtype)
+
+
+def device_dtype(dtype):
+    """The dtype of a `dtype` array as Numba holds it: bfloat16 as int16 patterns."""
+    return BFLOAT16_BITS if np.dtype(dtype) == BFLOAT16 else np.dtype(dtype)
 
 
 def shape_of(x):
@@ -105,14 +118,30 @@ def launch_stream(like):
 
 def to_device(x, shape3, stream_ptr=0):
     """x as a Numba device array of shape shape3 (a view where x lives on the GPU already),
-    for kernels launched on the stream of pointer stream_ptr (launch_stream)."""
+    for kernels launched on the stream of pointer stream_ptr (launch_stream); a bfloat16 x as
+    its int16 patterns."""
     from numba import cuda
     kind = kind_of(x)
     if kind == "numpy":
-        return cuda.to_device(np.ascontiguousarray(x).reshape(shape3))
+        x = np.ascontiguousarray(x)
+        if x.dtype == BFLOAT16:
+            x = x.view(BFLOAT16_BITS)
+        return cuda.to_device(x.reshape(shape3))
     if kind == "numba":
         return x.reshape(shape3)
+    if kind == "torch" and x.dtype == _torch_bfloat16():
+        x = x.view(_torch_dtype(BFLOAT16_BITS))
     return cuda.as_cuda_array(x, sync=_must_sync(x, stream_ptr)).reshape(shape3)
+
+
+def _torch_bfloat16():
+    import torch
+    return torch.bfloat16
+
+
+def _torch_dtype(dtype):
+    import torch
+    return getattr(torch, np.dtype(dtype).name)
 
 
 def _must_sync(x, stream_ptr=0):
@@ -163,7 +192,7 @@ def allocating_like(x):
 
 
 def empty_device(shape, dtype, like=None):
-    """An uninitialized Numba device array; like (default: the innermost allocating_like's):
+    """An uninitialized Numba device array of `dtype` (bfloat16: its int16 patterns); like (default: the innermost allocating_like's):
     an input whose kind says who allocates it (torch and CuPy from their caching pools, as a
     view, where Numba calls cuMemAlloc and later frees each time: 0.5-1.1 ms for three 128 MiB
     outputs on an H200, 2026-12-02)."""
@@ -174,20 +203,21 @@ def empty_device(shape, dtype, like=None):
     # A pool hands a freed block to the next allocation on its current stream without
     # waiting: safe because our kernels run on that stream too (launch_stream), so a
     # workspace such as D, freed as soon as its kernels are queued, is reused only after them
+    dtype = np.dtype(dtype)
     if kind == "torch" and like.is_cuda:
         import torch
-        owner = torch.empty(shape, dtype=getattr(torch, np.dtype(dtype).name),
-                            device=like.device)
-    elif kind == "cupy":
+        owner = torch.empty(shape, dtype=_torch_dtype(dtype), device=like.device)
+        view = owner.view(_torch_dtype(BFLOAT16_BITS)) if dtype == BFLOAT16 else owner
+    elif kind == "cupy" and dtype != BFLOAT16:
         import cupy
         with cupy.cuda.Device(like.device.id):
-            owner = cupy.empty(shape, dtype=dtype)
+            owner = view = cupy.empty(shape, dtype=dtype)
     else:
         owner = None
     if owner is None:
-        arr = cuda.device_array(shape, dtype=dtype)
+        arr = cuda.device_array(shape, dtype=device_dtype(dtype))
     else:
-        arr = cuda.as_cuda_array(owner, sync=False)     # new memory: nothing to wait for
+        arr = cuda.as_cuda_array(view, sync=False)      # new memory: nothing to wait for
         arr.pool_owner = owner      # from_device returns it: the pool's own tensor or array
     for meter in AllocationMeter.active:
         meter.bytes += arr.nbytes
@@ -204,7 +234,10 @@ def from_device(d_arr, shape, like):
         return owner.reshape(shape)
     d_arr = d_arr.reshape(shape)
     if kind == "numpy":
-        return d_arr.copy_to_host()
+        host = d_arr.copy_to_host()
+        # int16 patterns of a bfloat16 result (the inputs are bfloat16; lse is float32)
+        bits = host.dtype == BFLOAT16_BITS and dtype_of("like", like) == BFLOAT16
+        return host.view(BFLOAT16) if bits else host
     if kind == "cupy":
         import cupy
         return cupy.asarray(d_arr)

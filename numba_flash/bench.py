@@ -1,9 +1,10 @@
 """`numba-flash bench`: TFLOP/s and peak device memory beside the peers, same process, same inputs.
 
 Grid (FlashAttention's benchmark): batch * seqlen = 16k, hidden 2048 (H = 2048 / d), d in
-{64, 128}, N in {512, ..., 16k}, causal off and on, float32. Peers: standard attention in CuPy
-(S and P materialized, cuBLAS products) and torch scaled_dot_product_attention with the math
-and efficient backends, when importable. FLOPs: forward 4 * B * H * (visible pairs) * d,
+{64, 128}, N in {512, ..., 16k}, causal off and on, float32 (`--dtype bfloat16` / `float16`
+for half inputs). Peers: standard attention in CuPy (S and P materialized, cuBLAS products;
+float32 only) and torch scaled_dot_product_attention with the math and efficient backends,
+and for half inputs also its flash (FlashAttention-2) and cuDNN backends, when importable. FLOPs: forward 4 * B * H * (visible pairs) * d,
 forward+backward 3.5x that. Times are medians over repeats, each bracketed by device syncs.
 Ours: every registered kernel pair, forward and forward+backward ("numba-flash NAME"), and
 "numba-flash auto", what the API runs by default. `--d`, `--n` and `--impl` (fnmatch
@@ -25,6 +26,7 @@ from . import arrays
 from .api import flash_attention_backward, flash_attention_forward
 from .registry import PAIRS
 
+DTYPES = ("float32", "bfloat16", "float16")        # what --dtype takes
 QUICK_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024) for c in (False, True)]
 FULL_GRID = [(d, n, c) for d in (64, 128) for n in (512, 1024, 2048, 4096, 8192, 16384)
              for c in (False, True)]
@@ -85,7 +87,8 @@ def _cupy_standard(q, k, v, causal):
 def _torch_sdpa(backend_name):
     import torch
     from torch.nn.attention import SDPBackend, sdpa_kernel
-    backend = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION}[backend_name]
+    backend = {"math": SDPBackend.MATH, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}[backend_name]
 
     def fwd(q, k, v, causal):
         with sdpa_kernel(backend), torch.no_grad():
@@ -100,21 +103,29 @@ def _torch_sdpa(backend_name):
     return fwd, fwd_bwd
 
 
-def implementations():
-    """name -> (forward fn or None, forward+backward fn or None, memory probe kind)."""
+# torch's SDPA backends run beside ours: FlashAttention-2 ("flash") and cuDNN take half
+# inputs only
+TORCH_BACKENDS = {"float32": ("math", "efficient"),
+                  "half": ("math", "efficient", "flash", "cudnn")}
+
+
+def implementations(dtype="float32"):
+    """name -> (forward fn or None, forward+backward fn or None, memory probe kind), for
+    inputs of `dtype` ("float32", "float16" or "bfloat16")."""
     impls = {}
     for name in ("auto", *sorted(PAIRS)):       # every registered pair, and the default
         fwd, fwd_bwd = _numba_flash(name)
         impls[f"numba-flash {name}"] = (fwd, fwd_bwd, "device")
     try:
         import cupy  # noqa: F401
-        impls["cupy standard"] = (_cupy_standard, None, "cupy")
+        if dtype == "float32":
+            impls["cupy standard"] = (_cupy_standard, None, "cupy")
     except ImportError:
         pass
     try:
         import torch
         if torch.cuda.is_available():
-            for b in ("math", "efficient"):
+            for b in TORCH_BACKENDS["float32" if dtype == "float32" else "half"]:
                 f, fb = _torch_sdpa(b)
                 impls[f"torch {b}"] = (f, fb, "torch")
     except ImportError:
@@ -146,19 +157,22 @@ def _measure_memory(kind, call):
     return meter.bytes
 
 
-def make_inputs(b, h, n, d, seed=0):
-    """float32 q, k, v, dout on the device, as torch tensors when torch is present (shared by
-    every implementation through __cuda_array_interface__), else CuPy or Numba arrays."""
+def make_inputs(b, h, n, d, seed=0, dtype="float32"):
+    """q, k, v, dout of `dtype` on the device, as torch tensors when torch is present (shared
+    by every implementation through __cuda_array_interface__), else Numba arrays (float32 and
+    float16; bfloat16 needs torch)."""
     rng = np.random.default_rng(seed)
     host = [rng.standard_normal((b, h, n, d), dtype=np.float32) for _ in range(4)]
     try:
         import torch
         if torch.cuda.is_available():
-            return [torch.from_numpy(x).cuda() for x in host]
+            return [torch.from_numpy(x).cuda().to(getattr(torch, dtype)) for x in host]
     except ImportError:
         pass
+    if dtype == "bfloat16":
+        raise ValueError("the bfloat16 bench needs torch with CUDA (pip install -e .[torch])")
     from numba import cuda
-    return [cuda.to_device(x) for x in host]
+    return [cuda.to_device(x.astype(dtype)) for x in host]
 
 
 def free_caches():
@@ -174,15 +188,20 @@ def free_caches():
         pass
 
 
-def run(grid, modes=("fwd", "fwd+bwd"), progress=True, on_record=None, only=None):
+def run(grid, modes=("fwd", "fwd+bwd"), progress=True, on_record=None, only=None,
+        dtype="float32"):
     """Measure every implementation (only: those whose name matches one of these fnmatch
-    patterns, e.g. "torch *") on every grid point; return a list of records.
-    on_record(records) is called after each one (the CLI saves the JSON file as it goes)."""
+    patterns, e.g. "torch *") on every grid point, inputs of `dtype`; return a list of
+    records. on_record(records) is called after each one (the CLI saves the JSON file as it
+    goes)."""
     from tqdm import tqdm
-    impls = {name: impl for name, impl in implementations().items()
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {DTYPES}, got {dtype!r}")
+    impls = {name: impl for name, impl in implementations(dtype).items()
              if not only or any(fnmatch.fnmatchcase(name, pattern) for pattern in only)}
     if not impls:
-        raise ValueError(f"no implementation matches {only}; there are {sorted(implementations())}")
+        raise ValueError(f"no implementation matches {only}; there are "
+                         f"{sorted(implementations(dtype))}")
     records = []
     jobs = [(d, n, c, mode, name) for d, n, c in grid for mode in modes for name in impls
             if impls[name][0 if mode == "fwd" else 1] is not None]
@@ -193,13 +212,13 @@ def run(grid, modes=("fwd", "fwd+bwd"), progress=True, on_record=None, only=None
         if inputs_key != (b, h, n, d):
             inputs, inputs_key = None, (b, h, n, d)
             free_caches()
-            inputs = make_inputs(b, h, n, d)
+            inputs = make_inputs(b, h, n, d, dtype=dtype)
         q, k, v, dout = inputs
         fwd, fwd_bwd, mem_kind = impls[name]
         call = (lambda: fwd(q, k, v, causal)) if mode == "fwd" else (
             lambda: fwd_bwd(q, k, v, causal, dout))
         flops = ref.forward_flops(n, n, d, causal, b * h) * (1 if mode == "fwd" else 3.5)
-        rec = dict(impl=name, mode=mode, d=d, N=n, B=b, H=h, causal=causal, dtype="float32",
+        rec = dict(impl=name, mode=mode, d=d, N=n, B=b, H=h, causal=causal, dtype=dtype,
                    flops=flops)
         bar.set_postfix_str(f"{name} {mode} d{d} N{n}{' causal' if causal else ''}")
         try:
@@ -298,7 +317,7 @@ def select_grid(grid, head_dims=None, lengths=None):
 
 
 def main(json_path, quick=False, mode="both", long=False, head_dims=None, lengths=None,
-         impls=None):
+         impls=None, dtype="float32"):
     """The CLI's bench: the full grid (quick: QUICK_GRID), or the points with d in head_dims
     and N in lengths; implementations whose name matches one of the fnmatch patterns `impls`
     (None: all)."""
@@ -309,7 +328,7 @@ def main(json_path, quick=False, mode="both", long=False, head_dims=None, length
     def save(records):
         with open(json_path, "w") as f:
             json.dump(dict(environment=env, records=records), f, indent=1)
-    records = run(grid, modes, on_record=save, only=impls)
+    records = run(grid, modes, on_record=save, only=impls, dtype=dtype)
     if long:
         records.append(run_long())
         save(records)

@@ -20,6 +20,9 @@ def main(argv=None):
                             "case and dtype here)")
     which.add_argument("--all", action="store_true", dest="all_pairs",
                        help="every registered kernel pair")
+    p_verify.add_argument("--dtype", action="append", dest="dtypes",
+                          choices=("float16", "bfloat16", "float32", "float64"),
+                          help="only inputs of this dtype (repeatable; default all four)")
     p_verify.add_argument("--case", action="append", dest="cases", metavar="NAME",
                           help='only the case of this name, e.g. "GQA" (repeatable; default '
                                'all)')
@@ -27,6 +30,8 @@ def main(argv=None):
     p_bench.add_argument("--json", default="bench.json", help="file for every figure")
     p_bench.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
     p_bench.add_argument("--mode", choices=("fwd", "fwd+bwd", "both"), default="both")
+    p_bench.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                         help="the inputs' dtype (half: torch's flash and cuDNN beside)")
     p_bench.add_argument("--d", type=int, nargs="+", metavar="D",
                          help="only these head dims of the grid (64, 128)")
     p_bench.add_argument("--n", type=int, nargs="+", metavar="N",
@@ -64,14 +69,15 @@ def main(argv=None):
     if args.command == "verify":
         from . import verify
         return verify.main(numba_flash.SIMULATOR, quiet=args.quiet, kernels=args.kernels,
-                           all_pairs=args.all_pairs, case_names=args.cases)
+                           all_pairs=args.all_pairs, case_names=args.cases,
+                           dtypes=args.dtypes)
     if args.command == "bench":
         if numba_flash.SIMULATOR:
             print("numba-flash bench needs a CUDA GPU; none was found", file=sys.stderr)
             return 2
         from . import bench
         return bench.main(args.json, quick=args.quick, mode=args.mode, long=args.long,
-                          head_dims=args.d, lengths=args.n, impls=args.impl)
+                          head_dims=args.d, lengths=args.n, impls=args.impl, dtype=args.dtype)
     if args.command == "info":
         return info()
     if args.command == "fuzz":

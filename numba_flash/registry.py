@@ -22,6 +22,8 @@ from typing import Callable
 
 import numpy as np
 
+from reference.precision import half_format
+
 from .kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
 from .kernels.sm90 import backward as backward_wgmma, forward as forward_wgmma
 from .kernels.support import SIMULATOR, SUPPORTED_DTYPES
@@ -121,13 +123,22 @@ def auto_order(device):
     return ("wgmma", "fa2") if device == "sm_90" else ("fa2",)
 
 
+def kernel_dtype(dtype):
+    """The dtype the kernels run `dtype` inputs in: float32 for the half formats (float16,
+    bfloat16: the API widens them on the device and rounds the results back; no registered
+    pair has half products yet), else dtype itself."""
+    return np.dtype(np.float32) if half_format(dtype) else np.dtype(dtype)
+
+
 def resolve(name, d, dtype, device=None):
     """The registered Pair that runs `name` ("auto" or a registered name) for head dim d and
-    dtype on `device` (default: this process's), after fallbacks. ValueError for an unknown
-    name or a case nothing can run; TypeError for a name that is not a string."""
+    dtype on `device` (default: this process's), after fallbacks; half dtypes resolve as
+    float32 (kernel_dtype). ValueError for an unknown name or a case nothing can run;
+    TypeError for a name that is not a string."""
     if not isinstance(name, str):
         raise TypeError(f"kernel must be a registered name (a str), got {name!r}")
     device = device or current_device()
+    dtype = kernel_dtype(dtype)
     if name == "auto":
         for candidate in auto_order(device):
             if candidate in PAIRS and PAIRS[candidate].can_run(d, dtype, device):
@@ -158,7 +169,8 @@ def tile_choices(name, kind, d, dtype, candidates, deterministic=False):
     """The (block_m, block_n) of `candidates` that the pair resolved for (d, dtype) accepts
     for `kind` ("forward" or "backward"): what the property tests draw from."""
     pair = resolve(name, d, dtype)
-    return [t for t in candidates if pair.accepts(kind, *t, d, dtype, deterministic)]
+    return [t for t in candidates
+            if pair.accepts(kind, *t, d, kernel_dtype(dtype), deterministic)]
 
 
 # --- the registered pairs ------------------------------------------------------------------

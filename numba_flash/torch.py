@@ -17,11 +17,14 @@ see one op each way.
 - Inputs with other strides (the views a model makes of a fused QKV projection) are copied
   to contiguous ones first: one extra read and write of that tensor (B·H·N·d elements) per
   call, in each direction that takes it.
-- float32 and float64; lse, the second output of the forward op, is not differentiable.
+- float16, bfloat16, float32 and float64 (half inputs as the plain API runs them: widened
+  to float32 on the device, results rounded back once); lse, the second output of the
+  forward op (float32 for half inputs), is not differentiable.
 """
 
 import math
 
+import ml_dtypes
 import numpy as np
 import torch
 
@@ -38,8 +41,26 @@ def _run(fn, tensors, **kw):
     if not SIMULATOR:
         raise ValueError("numba_flash.torch: CPU tensors run on Numba's CUDA simulator, which "
                          "is on only without a GPU; move q, k, v to the GPU (.cuda())")
-    return tuple(torch.from_numpy(np.ascontiguousarray(r))
-                 for r in fn(*(t.numpy() for t in tensors), **kw))
+    return tuple(_from_numpy(r) for r in fn(*(_to_numpy(t) for t in tensors), **kw))
+
+
+def _to_numpy(t):
+    """A CPU tensor as a NumPy array (bfloat16 as ml_dtypes', which torch cannot make)."""
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+def _from_numpy(a):
+    a = np.ascontiguousarray(a)
+    if a.dtype == ml_dtypes.bfloat16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)
+
+
+def _lse_dtype(q):
+    """lse's dtype: float32 for half q (its kernels' dtype), else q's."""
+    return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
 
 
 @torch.library.custom_op("numba_flash::forward", mutates_args=())
@@ -53,7 +74,7 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, sca
 
 @forward.register_fake
 def _(q, k, v, causal, scale, kernel, deterministic):
-    return q.new_empty(q.shape), q.new_empty(q.shape[:-1])
+    return q.new_empty(q.shape), q.new_empty(q.shape[:-1], dtype=_lse_dtype(q))
 
 
 @torch.library.custom_op("numba_flash::backward", mutates_args=())
@@ -90,7 +111,8 @@ forward.register_autograd(_backward, setup_context=_setup_context)
 def flash_attention(q, k, v, *, causal=False, scale=None, kernel="auto", deterministic=False):
     """softmax(scale · q kᵀ (masked)) v with gradients for q, k and v, in SDPA's layout.
 
-    q (B, H, Nq, d), k and v (B, Hk, Nk, d) torch tensors of one dtype (float32 or float64)
+    q (B, H, Nq, d), k and v (B, Hk, Nk, d) torch tensors of one dtype (float16, bfloat16,
+    float32 or float64)
     on one device, Hk dividing H (grouped-query attention: query heads h·Hk/H .. share key
     head h); any strides. causal masks key j for query i when j > i + Nk - Nq (bottom-right,
     as the plain API; SDPA's is_causal is top-left: the same when Nq = Nk). scale defaults to

@@ -1,8 +1,9 @@
 """`numba-flash verify`: kernel pairs (forward, then its backward on that forward's out and
-lse) over a fixed set of cases (testing.cases), float32 and float64, against truth.
+lse) over a fixed set of cases (testing.cases), in every dtype the API takes (float16,
+bfloat16, float32, float64), against truth.
 
 By default the pairs `flash_attention_forward`/`flash_attention_backward` run here with
-kernel="auto" (registry.resolve per case and dtype: on an H200 wgmma for float32 d <= 128, fa2
+kernel="auto" (registry.resolve per case and dtype: on an H200 wgmma for float32 and half d <= 128, fa2
 otherwise); `kernels=` names pairs, `all_pairs=True` takes every registered one. Truth in
 float64 (that of float32 kernels) is computed on the GPU when CuPy or torch can
 (testing.truth), under the same tolerance rule (testing.tolerance). On a GPU with the disk
@@ -13,13 +14,12 @@ import time
 import warnings
 
 from . import registry
+from .api import DTYPES
 from .kernels import cache
 from .precompile import precompile
 from .testing import GPU_CASES, SIMULATOR_CASES
 from .testing import truth as truth_mod
 from .testing.campaign import plan, run_checks
-
-DTYPES = ("float32", "float64")
 
 
 def main(*args, **kwargs):
@@ -33,13 +33,14 @@ def main(*args, **kwargs):
 
 
 def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None, cases=None,
-         progress=None):
+         progress=None, dtypes=DTYPES):
     """Print the table and a summary; return 0 when every row passes, 1 when one fails, 2 for
     a usage error (an unknown kernel or case name, nothing to run).
 
     kernels: names of registered pairs to check (default: what kernel="auto" runs);
     all_pairs: every registered pair instead. case_names: only the cases of these names;
     cases: the case list itself (default SIMULATOR_CASES on the simulator, else GPU_CASES).
+    dtypes: the inputs' dtypes (default every one the API takes, api.DTYPES).
     progress: show a tqdm bar on stderr (default: when stderr is a terminal)."""
     from tqdm import tqdm
     if all_pairs and kernels:
@@ -58,7 +59,10 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
             return _usage(f"unknown cases {unknown}; cases: {[c.name for c in cases]}")
         cases = [c for c in cases if c.name in case_names]
     device = registry.current_device()
-    steps = plan(cases, DTYPES, kernels, device)
+    dtypes = tuple(dtypes or DTYPES)
+    if set(dtypes) - set(DTYPES):
+        return _usage(f"unknown dtypes {sorted(set(dtypes) - set(DTYPES))}; the API takes {DTYPES}")
+    steps = plan(cases, dtypes, kernels, device)
     total = sum(len(st.pairs) for st in steps)
     if not total:
         return _usage(f"no registered pair runs these cases on {device}")
@@ -67,7 +71,7 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
              else f"the GPU ({device})")
     chosen = ("the default: what kernel='auto' runs here" if kernels is None
               else "every registered pair" if all_pairs else f"kernels {list(kernels)}")
-    print(f"numba-flash verify: {len(cases)} cases x {', '.join(DTYPES)} on {where}; "
+    print(f"numba-flash verify: {len(cases)} cases x {', '.join(dtypes)} on {where}; "
           f"{chosen}; forward, then its backward; truth one precision up (float64 in "
           f"{ns.name}{' on the GPU' if ns.on_gpu else ''}, long double in numpy)")
     t0 = time.time()
@@ -116,7 +120,10 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
 def _compile_ahead(steps, progress):
     """Compile every (pair, d, causal, dtype) of the plan in parallel processes into the disk
     cache (precompile.py), so that the checks load them; print what it did."""
-    configs = {(pair, st.case.d, st.case.causal, st.dtype) for st in steps for pair in st.pairs}
+    # half inputs run the float32 kernels (registry.kernel_dtype): compiled once, as float32;
+    # the small conversion kernels compile in this process
+    configs = {(pair, st.case.d, st.case.causal, registry.kernel_dtype(st.dtype).name)
+               for st in steps for pair in st.pairs}
     t0 = time.time()
     done, failed = precompile(configs, progress=sys.stderr.isatty() if progress is None
                               else progress)

@@ -16,6 +16,14 @@ HALF_FORMATS = ("float16", "bfloat16")
 HALF_MAX = {"float16": 65504.0, "bfloat16": 3.3895313892515355e38}
 HALF_UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}   # half a unit in the last place
 
+
+def half_format(dtype):
+    """"float16" or "bfloat16" for a half dtype (NumPy's float16, ml_dtypes' bfloat16), else
+    None."""
+    name = np.dtype(dtype).name
+    return name if name in HALF_FORMATS else None
+
+
 TF32_DROPPED_BITS = 13      # float32's low mantissa bits that TF32 drops
 TF32_STEP = 8               # the contraction length of one mma.m16n8k8 TF32
 

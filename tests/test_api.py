@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -29,10 +30,13 @@ def qkv(shape_q=(1, 2, 5, 4), shape_k=None, dtype=np.float32):
     (lambda: qkv((1, 2, 5, 4), (1, 2, 5, 3)), ValueError, "head dims differ"),
     (lambda: qkv((1, 2, 5, 300)), ValueError, "head dim d=300 is not supported"),
     (lambda: qkv((1, 2, 0, 4)), ValueError, "sequence lengths must be at least 1"),
-    (lambda: qkv(dtype=np.int32), TypeError, "must be float32 or float64"),
-    (lambda: qkv(dtype=np.bool_), TypeError, "must be float32 or float64"),
-    (lambda: qkv(dtype=np.complex64), TypeError, "must be float32 or float64"),
-    (lambda: qkv(dtype=np.float16), TypeError, "float16 is not supported yet"),
+    (lambda: qkv(dtype=np.int32), TypeError, "must be one of float16, bfloat16, float32, float64"),
+    (lambda: qkv(dtype=np.bool_), TypeError, "must be one of float16"),
+    (lambda: qkv(dtype=np.complex64), TypeError, "must be one of float16"),
+    (lambda: qkv(dtype=np.longdouble), TypeError, "must be one of float16"),
+    (lambda: qkv(dtype=ml_dtypes.float8_e4m3fn), TypeError, "must be one of float16"),
+    (lambda: (qkv()[0].astype(np.float16), qkv()[1].astype(ml_dtypes.bfloat16),
+              qkv()[2].astype(np.float16)), TypeError, "share one dtype"),
     (lambda: (qkv()[0], qkv()[1].astype(np.float64), qkv()[2]), TypeError, "share one dtype"),
     (lambda: (qkv()[0], qkv()[1], qkv()[2][:, :, :3]), ValueError, "k and v lengths differ"),
 ])

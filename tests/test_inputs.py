@@ -51,9 +51,9 @@ def test_lists_are_taken_as_numpy_takes_them():
 
 
 @pytest.mark.parametrize("bad,match", [
-    ([[1.0, "a"]], "q must be float32 or float64"),
+    ([[1.0, "a"]], "q must be one of float16, bfloat16, float32, float64"),
     ([[1.0], [1.0, 2.0]], "q must be an array or array-like"),
-    (None, "q must be float32 or float64"),
+    (None, "q must be one of float16, bfloat16, float32, float64"),
 ])
 def test_what_numpy_cannot_make_an_array_of_is_a_type_error(bad, match):
     with pytest.raises(TypeError, match=match):

@@ -17,19 +17,21 @@ def table(out):
             if line.startswith(("fwd/", "bwd/"))]
 
 
-def test_default_checks_what_auto_runs_in_both_dtypes(capsys):
+def test_default_checks_what_auto_runs_in_every_dtype(capsys):
     assert verify.main(True, cases=[TINY], progress=True) == 0
     captured = capsys.readouterr()
     rows = table(captured.out)
-    auto = {dt: registry.resolve("auto", TINY.d, dt).name for dt in ("float32", "float64")}
+    auto = {dt: registry.resolve("auto", TINY.d, dt).name
+            for dt in ("float16", "bfloat16", "float32", "float64")}
     assert sorted(rows) == sorted((f"{stage}/{auto[dt]}", dt, out, "yes")
                                   for dt in auto
                                   for stage, outs in (("fwd", ("out", "lse")),
                                                       ("bwd", ("dq", "dk", "dv")))
                                   for out in outs)
     assert "what kernel='auto' runs here" in captured.out
-    assert f"checked: {auto['float32']} (float32 on 1 cases, float64 on 1 cases)" in captured.out
-    assert "1 cases, 1 pair, 10 rows: all passed in" in captured.out
+    assert (f"checked: {auto['float32']} (bfloat16 on 1 cases, float16 on 1 cases, float32 on 1 "
+            f"cases, float64 on 1 cases)") in captured.out
+    assert "1 cases, 1 pair, 20 rows: all passed in" in captured.out
     assert "pair" in captured.err                  # the progress bar, on stderr
 
 
@@ -38,18 +40,19 @@ def test_all_checks_every_registered_pair_once_per_case_and_dtype(capsys):
     rows = table(capsys.readouterr().out)
     ran = {(kernel.split("/")[1], dt) for kernel, dt, _, _ in rows}
     expect = {(registry.resolve(name, TINY.d, dt).name, dt)
-              for name in registry.PAIRS for dt in ("float32", "float64")}
+              for name in registry.PAIRS for dt in ("float16", "bfloat16", "float32", "float64")}
     assert ran == expect and {name for name, _ in ran} == set(registry.PAIRS)
     # a pair that falls back (wgmma in float64) is not checked twice
     assert len(rows) == 5 * len(expect)
 
 
 def test_kernel_and_case_choose_the_rows(capsys):
-    assert cli.main(["verify", "--kernel", "rowwise", "--case", "Nq != Nk"]) == 0
+    assert cli.main(["verify", "--kernel", "rowwise", "--case", "Nq != Nk", "--dtype",
+                     "bfloat16", "--dtype", "float64"]) == 0
     out = capsys.readouterr().out
     rows = table(out)
     assert {r[0] for r in rows} == {"fwd/rowwise", "bwd/rowwise"}
-    assert {r[1] for r in rows} == {"float32", "float64"} and len(rows) == 10
+    assert {r[1] for r in rows} == {"bfloat16", "float64"} and len(rows) == 10
     assert all("Nq != Nk" in line for line in out.splitlines() if line.startswith("fwd/"))
     assert "1 cases, 1 pair, 10 rows: all passed" in out
 
@@ -70,11 +73,12 @@ def test_usage_errors_exit_two(capsys):
 
 
 def test_default_plan_follows_auto_per_case_and_dtype():
-    # on an H200 (sm_90): the Hopper pair in float32 up to d = 128, fa2 past it and in float64
+    # on an H200 (sm_90): the Hopper pair in float32 and the half dtypes (widened to float32)
+    # up to d = 128, fa2 past it and in float64
     steps = plan(GPU_CASES, device="sm_90")
-    assert len(steps) == 2 * len(GPU_CASES)
+    assert len(steps) == 4 * len(GPU_CASES)
     for st in steps:
-        want = "wgmma" if st.dtype == "float32" and st.case.d <= 128 else "fa2"
+        want = "wgmma" if st.dtype != "float64" and st.case.d <= 128 else "fa2"
         assert st.pairs == (want,), (st.case, st.dtype)
     assert {st.pairs for st in plan(GPU_CASES, device="sm_80")} == {("fa2",)}
     # --kernel wgmma in float64 runs its fallback, and a name nothing runs is skipped

@@ -1,13 +1,14 @@
 """Every registered kernel pair at a few odd shapes, for compute-sanitizer:
 
     compute-sanitizer --tool memcheck --report-api-errors no --error-exitcode 1 \\
-        python tools/sanitize.py [NAME ...]
+        python tools/sanitize.py [NAME ...] [--dtype DTYPE ...]
     compute-sanitizer --tool racecheck --error-exitcode 1 python tools/sanitize.py wgmma
 
 NAME ...: registered pairs (numba_flash.registry.PAIRS) to run; default all of them. Each pair
 runs its own forward, then its backward from that forward's out and lse, with dQ by atomics
 and deterministic (pairs with atomic_dq; the others have one backward), in float32 and
-float64 where the pair can run the case on this device (no fallback: a case the pair cannot
+float64 (--dtype: these dtypes instead, e.g. bfloat16 float16, which also run the device
+conversions to float32 and back) where the pair can run the case on this device (no fallback: a case the pair cannot
 run is skipped and said so). Exits 1 if any result is outside the tolerance rule
 (numba_flash.testing), so the sanitizer run checks answers too.
 
@@ -41,7 +42,7 @@ GPU_CASES = (
 SIMULATOR_CASES = (Case("tiny, causal, GQA, Nq != Nk", 1, 2, 1, 5, 7, 8, causal=True),)
 
 
-def main(names=()):
+def main(names=(), dtypes=("float32", "float64")):
     unknown = sorted(set(names) - set(registry.PAIRS))
     if unknown:
         sys.exit(f"sanitize: no registered pair named {', '.join(unknown)}; registered: "
@@ -51,11 +52,11 @@ def main(names=()):
     cases = SIMULATOR_CASES if numba_flash.SIMULATOR else GPU_CASES
     bad = runs = 0
     for case in cases:
-        for dtype in (np.float32, np.float64):
+        for dtype in dtypes:
             q, k, v, dout = case.inputs(dtype)
             for pair in pairs:
                 label = f"{pair.name} {case} {np.dtype(dtype).name}"
-                if not pair.can_run(case.d, dtype, device):
+                if not pair.can_run(case.d, registry.kernel_dtype(dtype), device):
                     print(f"{label}: skipped (the pair cannot run it on {device})", flush=True)
                     continue
                 t0 = time.perf_counter()
@@ -78,4 +79,10 @@ def main(names=()):
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    import argparse
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("names", nargs="*", metavar="NAME")
+    parser.add_argument("--dtype", nargs="+", dest="dtypes", default=["float32", "float64"],
+                        choices=["float16", "bfloat16", "float32", "float64"])
+    args = parser.parse_args()
+    sys.exit(main(args.names, args.dtypes))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 from hypothesis import Verbosity, assume, given, settings, target
 
-from ..api import flash_attention_backward, flash_attention_forward
+from ..api import DTYPES, flash_attention_backward, flash_attention_forward
 from ..registry import PAIRS
 from .cases import GPU_CASES, SIMULATOR_CASES, Case
 from .properties import PROPERTIES
@@ -54,7 +54,7 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
         tiles = prop_tiles
     # the dtypes the pair runs (a variant without a fallback, like a mutant of the float32
     # Hopper pair, raises for the others); the head dims too, case by case (assume)
-    dtypes = tuple(dt for dt in ("float32", "float64") if registry.runs(kernel, 1, dt))
+    dtypes = tuple(dt for dt in DTYPES if registry.runs(kernel, 1, dt))
 
     @given(problems(size=size, dtypes=dtypes, tiles=(kernel, tiles) if tiles else None))
     def run(p):
@@ -94,7 +94,7 @@ class Step:
     skipped: tuple = ()
 
 
-def plan(cases, dtypes=("float32", "float64"), kernels=None, device=None):
+def plan(cases, dtypes=DTYPES, kernels=None, device=None):
     """The Steps `run_checks` takes: for each case and dtype, the pair each name of `kernels`
     resolves to on `device` (registry.resolve; default this process's), "auto" (the default,
     kernels=None) being what flash_attention_forward/backward run by default. A name that
@@ -126,7 +126,7 @@ def case_truth(case, dtype, ns=None):
             backward_truth(dout, q, k, v, causal=case.causal, ns=ns))
 
 
-def run_checks(cases, dtypes=("float32", "float64"), kernels=None, ns=None, on_step=None,
+def run_checks(cases, dtypes=DTYPES, kernels=None, ns=None, on_step=None,
                steps=None):
     """Yield one row per (pair, dtype, case, output): dict with kernel ("fwd/NAME" or
     "bwd/NAME", NAME the pair that ran), pair, dtype, case, output, max_err, allowed, ok, note.

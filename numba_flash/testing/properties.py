@@ -11,6 +11,7 @@ import numpy as np
 
 import reference as ref
 
+from .. import registry
 from ..api import flash_attention_backward, flash_attention_forward
 from .strategies import logits_regime
 from .tolerance import (GRADIENT_MULTIPLE, Comparison, check_backward,
@@ -93,6 +94,8 @@ def row_shift_invariance(kernel, p):
     scale = 1.0 / np.sqrt(p.d)
     c = np.random.default_rng(p.seed).uniform(-50, 50, size=q.shape[:-1]).astype(q.dtype)
     q2 = np.concatenate([q, (c / q.dtype.type(scale))[..., None]], axis=-1)
+    # the shift the kernel sees: c / scale rounded to q's dtype (8 bits in bfloat16), times scale
+    c = q2[..., -1].astype(np.float64) * scale
     k2 = np.concatenate([k, np.ones(k.shape[:-1] + (1,), k.dtype)], axis=-1)
     v2 = np.concatenate([v, np.zeros(v.shape[:-1] + (1,), v.dtype)], axis=-1)
     if q2.shape[-1] > 256:
@@ -100,7 +103,7 @@ def row_shift_invariance(kernel, p):
     out, lse = _forward(kernel, p, q, k, v, tiles=False)
     out2, lse2 = _forward(kernel, p, q2, k2, v2, tiles=False, scale=scale)
     truth = check_forward(q, k, v, out, lse, causal=p.causal)
-    eps = float(np.finfo(q.dtype).eps)
+    eps = float(np.finfo(registry.kernel_dtype(q.dtype)).eps)     # lse's dtype
     lse_allowed = 2 * truth[1].allowed + 64 * eps * float(np.abs(c).max())
     return Outcome("row-shift invariance", kernel, p, truth + [
         _agreement("out(shifted) - out", out2[..., :p.d], out, 2 * truth[0].allowed),
@@ -158,10 +161,11 @@ def d_is_rowsum_of_p_dp(kernel, p):
     q, k, v, dout = p.inputs()
     out, _ = flash_attention_forward(q, k, v, causal=p.causal, kernel="auto")
     bh = p.B * p.H
-    d_D = cuda.device_array((bh, p.Nq), dtype=q.dtype)
-    d_dout = cuda.to_device(dout.reshape(bh, p.Nq, p.d))
-    backward.run_preprocess(d_dout, cuda.to_device(out.reshape(bh, p.Nq, p.d)), d_D,
-                            d_dout)             # the 4th array (dq) is not touched
+    dt = registry.kernel_dtype(q.dtype)             # half inputs: the kernels' float32
+    d_D = cuda.device_array((bh, p.Nq), dtype=dt)
+    d_dout = cuda.to_device(dout.astype(dt).reshape(bh, p.Nq, p.d))
+    backward.run_preprocess(d_dout, cuda.to_device(out.astype(dt).reshape(bh, p.Nq, p.d)),
+                            d_D, d_dout)        # the 4th array (dq) is not touched
     D = d_D.copy_to_host().reshape(q.shape[:-1])
     kk, vv = expand_kv(q, k, v)
     P, dP = reference_p_dp(q, kk, vv, dout, p.causal, dtype=truth_dtype(q.dtype))

@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 from hypothesis import strategies as st
 
+from ..api import DTYPES      # the dtypes the API takes, drawn by default
+
 SIZES = {
     "simulator": dict(max_n=40, max_d=16, max_batch=2, max_heads=2),
     "gpu": dict(max_n=1100, max_d=256, max_batch=2, max_heads=4),
@@ -24,7 +26,8 @@ SIZES = {
 }
 
 REGIMES = ("ordinary", "huge", "dominant key", "all equal", "row offsets", "near-cancelling",
-           "fully masked rows")
+           "fully masked rows", "large v", "large dO", "tiny dO")
+
 
 # (block_m, block_n) candidates: a property draws from those the kernel pair under test accepts
 # for the drawn d and dtype (registry.tile_choices, asking the pair's own factories), so a
@@ -41,8 +44,8 @@ def valid_tiles(kernel, kind, d, dtype):
     if found:
         return found
     pair = registry.resolve(kernel, d, dtype)
-    return [pair.forward_tiles(d, np.dtype(dtype)) if kind == "forward"
-            else pair.backward_tiles(d, np.dtype(dtype), False)]
+    return [pair.forward_tiles(d, registry.kernel_dtype(dtype)) if kind == "forward"
+            else pair.backward_tiles(d, registry.kernel_dtype(dtype), False)]
 
 
 @dataclass(frozen=True)
@@ -86,13 +89,21 @@ def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
     """Inputs whose logits S = q k^T / sqrt(d) follow `regime`:
 
     ordinary          q, k, v ~ N(0, 1): |S| of order 1.
-    huge              |S| ~ 1e4 in float32 and ~1e6 in float64: exp(S) overflows many times over.
+    huge              |S| ~ 1e4 in float32, ~1e5 in the half formats (past float16's largest,
+                      65504: harmless only if S is never held in float16) and ~1e6 in
+                      float64: exp(S) overflows many times over.
     dominant key      one key per head has a logit ~ 40 above every other for every query.
     all equal         every key row identical: all logits of a row equal, P uniform.
     row offsets       each query row's logits shifted by its own constant of up to 1e3.
     near-cancelling   q.k sums terms of +-1e3 that cancel, leaving O(1) logits.
     fully masked rows causal with Nq > Nk makes the first Nq - Nk rows see no key (forced by
                       the strategy; here the data are ordinary).
+    large v           |v| up to 6e4, near float16's largest: out there too (a rescale or P V
+                      held in float16 overflows).
+    large dO          dO ~ 2e3 with nearly equal keys: the terms of dq = scale dS K reach
+                      ~1e5 and cancel (rows of dS sum to zero), so dS K summed in float16
+                      overflows while the true dq is small.
+    tiny dO           dO ~ 1e-6: the gradients fall to float16's subnormals (below 6.1e-5).
     """
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((B, H, nq, d))
@@ -101,7 +112,7 @@ def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
     dout = rng.standard_normal((B, H, nq, d))
     root = math.sqrt(math.sqrt(d))                  # (a q).(b u) / sqrt(d) = a b / root^2
     if regime == "huge":                            # q, k scaled by a: S scaled by a^2
-        a = math.sqrt(1e4 if dtype == np.float32 else 1e6)
+        a = math.sqrt({"float32": 1e4, "float64": 1e6}.get(np.dtype(dtype).name, 1e5))
         q *= a
         k *= a
     elif regime == "dominant key":
@@ -117,6 +128,13 @@ def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
     elif regime == "near-cancelling" and d >= 2:
         q[..., 0] = q[..., 1] = 30.0
         k[..., 0], k[..., 1] = 30.0 * np.ones_like(k[..., 0]), -30.0 * np.ones_like(k[..., 1])
+    elif regime == "large v":
+        v = np.clip(v * 3e4, -6e4, 6e4)
+    elif regime == "large dO":
+        dout *= 2e3
+        k = k[..., :1, :] + 0.01 * k
+    elif regime == "tiny dO":
+        dout *= 1e-6
     return tuple(a.astype(dtype) for a in (q, k, v, dout))
 
 
@@ -130,7 +148,7 @@ def sequence_lengths(max_n, min_n=1):
 
 
 @st.composite
-def problems(draw, size="simulator", dtypes=("float32", "float64"), regimes=REGIMES,
+def problems(draw, size="simulator", dtypes=DTYPES, regimes=REGIMES,
              tiles=None):
     """A Problem. tiles: None (kernel defaults) or (kernel, kind): draw a tile size that
     registered pair `kernel` accepts for `kind` ("forward" / "backward") at the drawn d and

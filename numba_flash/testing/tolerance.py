@@ -64,18 +64,15 @@ D_ROUNDING_ULPS = 2
 HALF_FLOOR_ULPS = 1          # of a half format's eps (two units of roundoff): see half_format
 
 
-def half_format(dtype):
-    """"float16" or "bfloat16" for a half dtype (NumPy's float16, ml_dtypes' bfloat16), else
-    None. Half kernels are held to the same rule against float64 truth of the same half
-    inputs, with two changes (issue 24, FlashAttention's rule): "plain attention in the
-    kernel's precision" is standard attention stored in half (reference.half: S, P, out, dP,
-    dS rounded to the format), and the floor is HALF_FLOOR_ULPS of the format's eps at the
-    largest truth value (out and the gradients are rounded to it once; FLOOR_ULPS of it would
-    allow 12 % in bfloat16) plus float32's floor at the terms' size (_floor). What
-    the kernels compute in float32 (S, lse, P before its rounding, D) keeps float32's
-    allowances (logit_rounding and the backward's extras, from the float32 values)."""
-    name = np.dtype(dtype).name
-    return name if name in ref.precision.HALF_FORMATS else None
+# Half kernels are held to the same rule against float64 truth of the same half inputs, with
+# two changes (issue 24, FlashAttention's rule): "plain attention in the kernel's precision" is
+# standard attention stored in half (reference.half: S, P, out, dP, dS rounded to the format),
+# and the floor is HALF_FLOOR_ULPS of the format's eps at the largest truth value (out and the
+# gradients are rounded to it once; FLOOR_ULPS of it would allow 12 % in bfloat16) plus
+# float32's floor at the terms' size (_floor). What the kernels compute in float32 (S, lse, P
+# before its rounding, D) keeps float32's allowances (logit_rounding and the backward's
+# extras, from the float32 values).
+half_format = ref.precision.half_format
 
 
 def _floor(dtype, largest, terms):
