@@ -210,7 +210,9 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     dt = p.compute_dtype
     pair = registry.resolve(kernel, p.d, dt)
     bm, bn = _blocks(pair.forward_tiles(p.d, dt), block_m, block_n)
-    launch, threads = pair.make_forward(bm, bn, p.d, causal, dt)
+    # a pair with half_inputs compiles kernels that know the widened values are half
+    launch, threads = pair.make_forward(bm, bn, p.d, causal,
+                                        p.dtype if p.half and pair.half_inputs else dt)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     ptr, stream = arrays.launch_stream(q)
     d_out = arrays.empty_device((bh, p.nq, p.d), dt, like=q)
@@ -294,7 +296,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
         pair.run_backward(*wide, arrays.to_device(lse, (bh, p.nq), ptr), d_out,
                           d_dq, d_dk, d_dv, scale=p.scale,
                           heads=p.heads, group=p.group, causal=causal, block_m=bm,
-                          block_n=bn, deterministic=deterministic, stream=stream)
+                          block_n=bn, deterministic=deterministic, stream=stream,
+                          **({"half": True} if p.half and pair.half_inputs else {}))
         d_dq, d_dk, d_dv = (_narrowed(g, p, q, stream) for g in (d_dq, d_dk, d_dv))
     return (arrays.from_device(d_dq, arrays.shape_of(q), q),
             arrays.from_device(d_dk, arrays.shape_of(k), q),

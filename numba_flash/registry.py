@@ -64,6 +64,10 @@ class Pair:
     (a logit of -inf: a masked key); False for pairs whose products split float32 into TF32
     parts on tensor cores, where inf's small part is NaN and such rows come out NaN (the
     "non-finite inputs" properties allow them NaN there, never a finite answer).
+    half_inputs: for half inputs (widened to float32 by the API) make_forward takes the half
+        dtype and run_backward half=True, so that the kernels may skip the products of the
+        inputs' zero small parts (they are exact in TF32); False: they get float32 as for
+        float32 inputs.
     """
     name: str
     make_forward: Callable
@@ -76,6 +80,7 @@ class Pair:
     fixed_tiles: bool = False
     atomic_dq: bool = False
     exact_infinities: bool = True
+    half_inputs: bool = False
     summary: str = ""
 
     def accepts(self, kind, block_m, block_n, d, dtype, deterministic=False):
@@ -224,5 +229,6 @@ register(Pair(
     lambda d, dtype, det: backward_wgmma.tiles(d),
     backward_wgmma.check_tiles, can_run=lambda d, dtype, device: (
         np.dtype(dtype) == np.float32 and 1 <= d <= 128 and device in ("sm_90", "simulator")),
-    fallback="fa2", fixed_tiles=True, atomic_dq=True, exact_infinities=False,
-    summary="Hopper warpgroup products (wgmma), 3xTF32: float32, d <= 128, sm_90"))
+    fallback="fa2", fixed_tiles=True, atomic_dq=True, exact_infinities=False, half_inputs=True,
+    summary="Hopper warpgroup products (wgmma), 3xTF32 (2 products a step for half inputs): "
+            "float32, float16, bfloat16, d <= 128, sm_90"))

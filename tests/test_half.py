@@ -9,7 +9,7 @@ import pytest
 from numba import cuda
 
 import numba_flash
-from numba_flash import flash_attention_backward, flash_attention_forward
+from numba_flash import flash_attention_backward, flash_attention_forward, registry
 from numba_flash.kernels import convert
 from numba_flash.testing import Case, check_backward, check_forward
 
@@ -86,3 +86,26 @@ def test_gpu_cupy_half_arrays(fmt):
     assert isinstance(out, cupy.ndarray) and out.dtype == np.float16 and lse.dtype == np.float32
     results = check_forward(q, k, v, cupy.asnumpy(out), cupy.asnumpy(lse))
     assert all(c.ok for c in results), [str(c) for c in results]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("d,causal", [(40, True), (64, False), (100, True), (128, False)])
+def test_gpu_wgmma_half_kernels_give_the_float32_kernels_bits(d, causal):
+    # the wgmma pair's half-input kernels skip the products of the inputs' zero small parts
+    # (registry.Pair.half_inputs): the same sums, so the same bits as its float32 kernels on
+    # the widened values, forward and backward (deterministic dQ: no atomics' order)
+    if registry.current_device() != "sm_90":
+        pytest.skip("the wgmma pair runs on sm_90")
+    q, k, v, dout = Case("gqa", 2, 4, 2, 150, 203, d, causal=causal).inputs(FORMATS["bfloat16"])
+    wide = [a.astype(np.float32) for a in (q, k, v, dout)]
+    out, lse = flash_attention_forward(q, k, v, causal=causal, kernel="wgmma")
+    out32, lse32 = flash_attention_forward(*wide[:3], causal=causal, kernel="wgmma")
+    np.testing.assert_array_equal(lse, lse32)
+    assert (out.view(np.uint16) == out32.astype(FORMATS["bfloat16"]).view(np.uint16)).all()
+    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, kernel="wgmma",
+                                     deterministic=True)
+    # the float32 backward from the same out (rounded to bfloat16) and lse
+    grads32 = flash_attention_backward(wide[3], *wide[:3], out.astype(np.float32), lse,
+                                       causal=causal, kernel="wgmma", deterministic=True)
+    for g, g32 in zip(grads, grads32):
+        assert (g.view(np.uint16) == g32.astype(FORMATS["bfloat16"]).view(np.uint16)).all()

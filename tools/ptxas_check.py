@@ -13,6 +13,8 @@ launchers the pairs call (so a variant this file does not name is not compiled):
       backward  the dK/dV(/dQ) kernel, lean and wide, vector and scalar, dq_out True (dQ by
                 atomics) and False (the deterministic path's), causal both;
       dq        the deterministic dQ pass, lean and wide (vector and scalar loads), causal both;
+      each also as its half-input variant (label "... half": the products of the half
+      inputs' zero small parts not issued);
     fa2 (float32, default tiles, d = 64 and 128, not causal):
       forward, the backward's dK/dV kernel with dq_atomic=True (as run_backward configures it),
       and the deterministic path's dK/dV and dQ kernels.
@@ -86,23 +88,28 @@ def _dispatchers(label, launcher):
 
 
 def kernels():
-    """(label, numba dispatcher, argument types) of each kernel to compile."""
-    for causal in (False, True):
+    """(label, numba dispatcher, argument types) of each kernel to compile; the Hopper
+    family's also in its half-input variant (" half": fewer products, registry half_inputs)."""
+    for causal, half in ((c, h) for h in (False, True) for c in (False, True)):
+        tag = " half" if half else ""
         for d, size in ((64, "lean"), (128, "wide")):
             bm, bn = sm90_forward.tiles(d)
-            launcher, _ = sm90_forward.make_forward_kernel(bm, bn, d, causal, F32)
-            for label, kernel in _dispatchers(f"sm90 forward {size} causal={causal}",
+            launcher, _ = sm90_forward.make_forward_kernel(
+                bm, bn, d, causal, np.dtype("bfloat16") if half else F32)
+            for label, kernel in _dispatchers(f"sm90 forward {size} causal={causal}{tag}",
                                               launcher):
                 yield label, kernel, FORWARD_ARGS
         for dq_out in (True, False):
             for wide, size in ((False, "lean"), (True, "wide")):
-                launcher, _ = sm90_backward.dkdv_launcher(wide, causal, dq_out)
+                launcher, _ = sm90_backward.dkdv_launcher(wide, causal, dq_out, half)
                 for label, kernel in _dispatchers(
-                        f"sm90 backward {size} causal={causal} dq_out={dq_out}", launcher):
+                        f"sm90 backward {size} causal={causal} dq_out={dq_out}{tag}",
+                        launcher):
                     yield label, kernel, DKDV_ARGS
         for wide, size in ((False, "lean"), (True, "wide")):
-            launcher, _, _ = sm90_dq.launcher(wide, causal)
-            for label, kernel in _dispatchers(f"sm90 dq {size} causal={causal}", launcher):
+            launcher, _, _ = sm90_dq.launcher(wide, causal, half)
+            for label, kernel in _dispatchers(f"sm90 dq {size} causal={causal}{tag}",
+                                              launcher):
                 yield label, kernel, DQ_ARGS
     for d in (64, 128):
         bm, bn = forward_fa2.default_blocks(d, F32)

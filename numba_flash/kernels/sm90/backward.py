@@ -130,12 +130,13 @@ def store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane):
 
 
 @functools.lru_cache(maxsize=None)
-def make_accumulate_w():
+def make_accumulate_w(x_exact=False):
     """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch): acc += X^T W
     over 8 steps, two per wait, W the 64 x 64 tile at sm[w_at] (K-major over i), X = mult
     src[head, row0:row0+64] from global memory, X^T's rows the head-dim rows 16 warp..; each
-    pair's elements loaded while the pair before is computed."""
-    step2_regs = products(BLOCK, D_PAD, D_PAD)["step2_3xtf32_regs"]
+    pair's elements loaded while the pair before is computed. x_exact: X holds values exact
+    in TF32 (half dO, mult 1): its zero small part's products are not issued."""
+    step2_regs = products(BLOCK, D_PAD, D_PAD, "a" if x_exact else None)["step2_3xtf32_regs"]
     elements_t = make_global_fragment(True, split=False)
 
     @cuda.jit(device=True)
@@ -156,13 +157,15 @@ def make_accumulate_w():
 
 
 @functools.lru_cache(maxsize=None)
-def make_accumulate_w_chained():
+def make_accumulate_w_chained(x_exact=False):
     """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
     a_small): make_accumulate_w's acc += X^T W as STEPS // CHAIN products of CHAIN steps, each
     chained in the tensor core (one wait each), through the local arrays x, a_big, a_small
     (CHAIN_A entries); each product's elements loaded while the one before is computed
-    (past the last: the next Q block's rows, loaded, not used)."""
-    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    (past the last: the next Q block's rows, loaded, not used). x_exact: as
+    make_accumulate_w's."""
+    chained_regs = products(BLOCK, D_PAD, D_PAD,
+                            "a" if x_exact else None)["chained_3xtf32_regs"]
     chain_elements_t = make_chain_fragments(True)
 
     @cuda.jit(device=True)
@@ -178,7 +181,7 @@ def make_accumulate_w_chained():
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_kernel(causal, vector_atomics=False, dq_out=True):
+def make_lean_kernel(causal, vector_atomics=False, dq_out=True, half=False):
     """The dK/dV/dQ kernel for d <= 64: grid (ceil(Nk / 64), B*Hk), 128 threads, arguments (q,
     k, v, dout, lse, D, dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, dq
     holding zeros. K and V staged, every A operand read from global memory (Q, dO and their
@@ -189,15 +192,20 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True):
     vector_atomics: dQ^T's A rows paired (transposed_fragment_paired) and dQ added by
     add_dq_pairs, one vector atomic per two columns (d even, dq's rows 8-byte aligned:
     run_backward's AlignedDispatch checks). dq_out=False: dQ is neither formed nor added (the
-    deterministic path's dK/dV kernel; dq is not read)."""
+    deterministic path's dK/dV kernel; dq is not read).
+    half: q, k, v, dout hold half values (exact in TF32): S and dP skip the products of K's
+    and V's zero small parts, dV those of dO's, dQ those of K^T's (wgmma.products' exact);
+    dK's A is scale Q, not exact, and keeps all three."""
     DQ_OUT = dq_out
     dq_fragment = transposed_fragment_paired if vector_atomics else transposed_fragment
     add_dq_acc = add_dq_pairs if vector_atomics else add_dq
     elements = make_global_fragment(False, split=False)
-    step2_regs = products(BLOCK, D_PAD, D_PAD)["step2_3xtf32_regs"]
+    step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
+    step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
     recompute_p = make_recompute_p(float32, causal)
     stage = make_stage(False)
     uBM = U(BLOCK)
+    accumulate_dv = make_accumulate_w(half)
     accumulate_w = make_accumulate_w()
 
     @kernel_jit(WARPGROUP)
@@ -270,7 +278,7 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True):
                         sm[U(W_T + TILE) + off] = ps
                 fence_proxy_async()
                 cuda.syncthreads()
-                accumulate_w(sm, dv_acc, U(W_T), dout, bh, m0, float32(1.0), d, warp, lane,
+                accumulate_dv(sm, dv_acc, U(W_T), dout, bh, m0, float32(1.0), d, warp, lane,
                              U(LEAN_SCRATCH_AT))
                 cuda.syncthreads()                     # P^T read by every warp
                 for nt in range(REGS // 4):
@@ -298,7 +306,7 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True):
                         s = 2 * s2
                         a_big, a_small = dq_fragment(sm, U(K_T), s, warp, lane)
                         a2_big, a2_small = dq_fragment(sm, U(K_T), s + 1, warp, lane)
-                        add_in_turn(dq_acc, step2_regs(sm, a_big, a_small, U(W_T),
+                        add_in_turn(dq_acc, step2_regs_dq(sm, a_big, a_small, U(W_T),
                                                        U(W_T + TILE), a2_big, a2_small,
                                                        U(W_T + STEP_FLOATS),
                                                        U(W_T + TILE + STEP_FLOATS), s,
@@ -317,7 +325,8 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True):
 
 
 @functools.lru_cache(maxsize=None)
-def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=True):
+def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=True,
+                     half=False):
     """The dK/dV/dQ kernel for 64 < d <= 128: grid (ceil(Nk / 64), B*Hk), 256 threads, the
     lean kernel's arguments. Warpgroup 0 forms S and P, warpgroup 1 dP and dS; warpgroup w owns
     the head-dim rows 64 w.. of dK^T, dV^T and dQ^T (32 registers each). Every product is
@@ -336,17 +345,20 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     vector_atomics: dQ by add_dq_pairs (else add_dq_pairs_by_element); vector_loads: Q's and
     dO's runs of 8 columns read 16 bytes at a time (q, dout 16-byte aligned, d % 4 == 0:
     run_backward's AlignedDispatch). dq_out=False: dQ neither formed nor added (the
-    deterministic path's dK/dV kernel)."""
+    deterministic path's dK/dV kernel). half: as make_lean_kernel's."""
     DQ_OUT = dq_out
     # K's tile columns permuted: dQ^T's A rows read where they are, paired
     dq_fragment = transposed_fragment_chain_paired
     add_dq_acc = add_dq_pairs if vector_atomics else add_dq_pairs_by_element
-    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
+    chained_regs_dq = products(BLOCK, D_PAD, D_PAD,
+                               "a" if half else None)["chained_3xtf32_regs"]
     chain_elements = make_chain_fragments(False, True, vector_loads)
     recompute_p = make_recompute_p(float32, causal)
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)
     uBM = U(BLOCK)
     # acc += X^T W with X^T's rows this warpgroup's half (rows = warp + 4 w)
+    accumulate_dv_chained = make_accumulate_w_chained(half)
     accumulate_w_chained = make_accumulate_w_chained()
 
     @kernel_jit(2 * WARPGROUP)
@@ -446,7 +458,7 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                                 sm[U(DS_T) + off_ds] = db
                                 sm[U(DS_T + TILE) + off_ds] = dsm
                     fence_proxy_async()
-                accumulate_w_chained(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d,
+                accumulate_dv_chained(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d,
                                      rows, lane, scratch, x, a_big, a_small)
                 cuda.syncthreads()
                 # 4. dK^T += (scale Q)^T dS and dQ^T = K^T dS^T, each over this half's rows
@@ -462,8 +474,8 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                             for e in range(4):
                                 a_big[4 * s + e] = f_big[e]
                                 a_small[4 * s + e] = f_small[e]
-                        add(dq_acc, chained_regs(sm, a_big, a_small, U(DS_T), U(DS_T + TILE),
-                                                 CHAIN * g, scratch))
+                        add(dq_acc, chained_regs_dq(sm, a_big, a_small, U(DS_T),
+                                                    U(DS_T + TILE), CHAIN * g, scratch))
                     add_dq_acc(dq, bh, m0, nq, d, dq_acc, scale, rows, lane)
                 m0 += uBM
                 if m0 >= nq:
@@ -477,37 +489,40 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
 
 
 @functools.lru_cache(maxsize=None)
-def dkdv_launcher(d_wide, causal, dq_out=True):
+def dkdv_launcher(d_wide, causal, dq_out=True, half=False):
     """(kernel, threads) of the dK/dV(/dQ) kernel: the vector variant (dQ pairs by one vector
     atomic; wide: Q and dO read 16 bytes at a time) where q, dout and dq are 16-byte aligned
     (their data and rows: d % 4 == 0), the scalar twin otherwise (vector_io.AlignedDispatch;
     the same sums)."""
     if d_wide:
-        scalar, threads = make_wide_kernel(causal, False, False, dq_out)
-        vector = make_wide_kernel(causal, True, True, dq_out)[0]
+        scalar, threads = make_wide_kernel(causal, False, False, dq_out, half)
+        vector = make_wide_kernel(causal, True, True, dq_out, half)[0]
         return AlignedDispatch(vector, scalar, (0, 3, DQ_ARG) if dq_out else (0, 3)), threads
-    scalar, threads = make_lean_kernel(causal, False, dq_out)
+    scalar, threads = make_lean_kernel(causal, False, dq_out, half)
     if not dq_out:              # no vector path: nothing is added into dq
         return scalar, threads
-    return AlignedDispatch(make_lean_kernel(causal, True)[0], scalar, (DQ_ARG,)), threads
+    return AlignedDispatch(make_lean_kernel(causal, True, True, half)[0], scalar,
+                           (DQ_ARG,)), threads
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
-                 block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0):
+                 block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0, half=False):
     """The Hopper backward on 3-D float32 device arrays (registry contract): the preprocess
     kernel (D = rowsum(dO * O); dq zeroed unless deterministic), the dK/dV kernel (lean for
     d <= 64, wide above) adding dQ with atomics, or with deterministic=True the dK/dV kernel
-    without dQ and then the dQ pass (make_dq_kernel: no atomics). All on `stream`."""
+    without dQ and then the dQ pass (make_dq_kernel: no atomics). All on `stream`.
+    half: q, k, v, dout hold half values (the API's widened half inputs; registry.Pair.
+    half_inputs): the products of their zero small parts are not issued (the same sums)."""
     from ... import arrays
     check_tiles(block_m, block_n, q.shape[2], q.dtype)
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
     D = arrays.empty_device((bh, nq), q.dtype)
     run_preprocess(dout, out, D, dq, clear=not deterministic, stream=stream)
-    kernel, threads = dkdv_launcher(d > D_PAD, bool(causal), not deterministic)
+    kernel, threads = dkdv_launcher(d > D_PAD, bool(causal), not deterministic, bool(half))
     with simulator_switch_interval():
         kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads, stream](
             q, k, v, dout, lse, D, dk, dv, dq, np.float32(scale), heads, group)
     if deterministic:
         run_dq(dout, q, k, v, lse, D, dq, scale=scale, heads=heads, group=group,
-               causal=causal, stream=stream)
+               causal=causal, stream=stream, half=half)

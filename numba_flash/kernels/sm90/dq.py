@@ -58,14 +58,16 @@ def make_ds(causal):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_dq_kernel(causal):
+def make_lean_dq_kernel(causal, half=False):
     """The dQ kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
-    dout, lse, D, dq, scale, heads, group) on (B*H, N, d) float32 arrays; writes dq."""
+    dout, lse, D, dq, scale, heads, group) on (B*H, N, d) float32 arrays; writes dq.
+    half: k and v hold half values (exact in TF32): S, dP and dS K skip the products of
+    their zero small parts (wgmma.products' exact="b"), as the forward's S does."""
     stage_q = make_stage(False, loads=STAGE_LOADS)        # as the forward stages scale Q
     stage = make_stage(False)                             # K and V, K-major over the head dim
     stage_kt = make_stage(True, permuted=True)            # K^T, each 8-key group permuted
-    s_steps = make_lean_s(K_T, SCRATCH_AT)
-    prod = products(BLOCK, D_PAD, D_PAD)
+    s_steps = make_lean_s(K_T, SCRATCH_AT, half)
+    prod = products(BLOCK, D_PAD, D_PAD, "b" if half else None)
     step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
     fragment = make_global_fragment(False)
     ds_in_place = make_ds(causal)
@@ -143,15 +145,15 @@ def make_lean_dq_kernel(causal):
 
 
 @functools.lru_cache(maxsize=None)
-def make_wide_dq_kernel(causal, vector_loads):
+def make_wide_dq_kernel(causal, vector_loads, half=False):
     """The dQ kernel for 64 < d <= 128: grid (ceil(Nq / 128), B*H), 256 threads, the lean
     dQ kernel's arguments. vector_loads: q's and dout's runs of 8 read 16 bytes at a time (both
-    16-byte aligned, d % 4 == 0: `launcher` picks)."""
+    16-byte aligned, d % 4 == 0: `launcher` picks). half: as make_lean_dq_kernel's."""
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)   # K, V
     stage_kt = make_stage(True, permuted=True, per_warpgroup=True)       # K^T
-    s_chain = make_wide_s(WIDE_K_T, vector_loads)     # S: the wide forward's
-    dp_chain = make_wide_s(WIDE_V_T, vector_loads)    # dP = dO V^T alike
-    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    s_chain = make_wide_s(WIDE_K_T, vector_loads, half)     # S: the wide forward's
+    dp_chain = make_wide_s(WIDE_V_T, vector_loads, half)    # dP = dO V^T alike
+    chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
     ds_in_place = make_ds(causal)
     uBN = U(BLOCK)
 
@@ -245,21 +247,21 @@ def make_wide_dq_kernel(causal, vector_loads):
 
 
 @functools.lru_cache(maxsize=None)
-def launcher(d_wide, causal):
+def launcher(d_wide, causal, half=False):
     """(kernel, threads, block_m): the lean dQ kernel, or the wide one with its vector-load
     variant where q and dout are 16-byte aligned (AlignedDispatch; the same sums)."""
     if not d_wide:
-        return (*make_lean_dq_kernel(causal), BLOCK)
-    vector, threads = make_wide_dq_kernel(causal, True)
-    scalar = make_wide_dq_kernel(causal, False)[0]
+        return (*make_lean_dq_kernel(causal, half), BLOCK)
+    vector, threads = make_wide_dq_kernel(causal, True, half)
+    scalar = make_wide_dq_kernel(causal, False, half)[0]
     return AlignedDispatch(vector, scalar, (0, DOUT_ARG)), threads, BLOCK_M_WIDE
 
 
-def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal, stream=0):
+def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal, stream=0, half=False):
     """dq from the forward's lse and D = rowsum(dO * O), on 3-D float32 device arrays, on
-    `stream`."""
+    `stream`; half: as sm90.backward.run_backward's."""
     bh, nq, d = q.shape
-    kernel, threads, block_m = launcher(d > D_PAD, bool(causal))
+    kernel, threads, block_m = launcher(d > D_PAD, bool(causal), bool(half))
     with simulator_switch_interval():
         kernel[(ceil_div(nq, block_m), *head_grid(bh)), threads, stream](
             q, k, v, dout, lse, D, dq, np.float32(scale), heads, group)

@@ -25,6 +25,8 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
+from reference.precision import half_format
+
 from ..mma import split_tf32, split_tf32_nan_elsewhere
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel,
                        head_index, inlined_device_function, kernel_jit, kv_head,
@@ -56,9 +58,11 @@ def tiles(d):
 
 
 def check(block_m, block_n, d, dtype):
-    """ValueError unless float32, 1 <= d <= 128 and the tiles of `tiles(d)`."""
-    if np.dtype(dtype) != np.float32:
-        raise ValueError(f"the wgmma forward is float32 only, got {np.dtype(dtype)}")
+    """ValueError unless float32 (or a half dtype: float32 arrays of half values), 1 <= d <=
+    128 and the tiles of `tiles(d)`."""
+    if np.dtype(dtype) != np.float32 and not half_format(dtype):
+        raise ValueError(f"the wgmma forward takes float32 and half inputs (widened to "
+                         f"float32), got {np.dtype(dtype)}")
     if not 1 <= d <= D_WIDE:
         raise ValueError(f"the wgmma forward needs 1 <= d <= {D_WIDE}, got {d}")
     if (block_m, block_n) != tiles(d):
@@ -68,11 +72,14 @@ def check(block_m, block_n, d, dtype):
 
 def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
     """(kernel, threads) of the Hopper forward for head dim d (registry contract): the lean
-    kernel for d <= 64, the wide one (with its scalar-load twin for unaligned q) above."""
+    kernel for d <= 64, the wide one (with its scalar-load twin for unaligned q) above. For a
+    half dtype the kernel takes float32 arrays holding half values (the API widens them) and
+    issues two wgmma a step where 3xTF32 takes three: K and V are exact in TF32."""
     check(block_m, block_n, head_dim, dtype)
+    half = bool(half_format(dtype))
     if head_dim <= D_PAD:
-        return make_lean_kernel(bool(causal))
-    return launcher(bool(causal))
+        return make_lean_kernel(bool(causal), half)
+    return launcher(bool(causal), half)
 
 
 def _split_chain(split):
@@ -96,15 +103,17 @@ split_ds_chain = _split_chain(split_tf32)
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_kernel(causal):
+def make_lean_kernel(causal, half=False):
     """The kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
     out, lse, scale, heads, group) on (B*H, N, d) float32 device arrays. scale Q is staged
     once (its big and small parts) and its A fragments read from there; S's steps go two per
-    tensor-core wait (each from zero, added in step order); P V as two chained products."""
+    tensor-core wait (each from zero, added in step order); P V as two chained products.
+    half: K and V hold half values (exact in TF32): the products with their zero small parts
+    are not issued (wgmma.products' exact="b")."""
     stage_k = make_stage(False, loads=STAGE_LOADS)
     stage_vt = make_stage(True, permuted=True, loads=STAGE_LOADS)
-    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
-    s_steps = make_lean_s(K_T, SCRATCH_AT)
+    chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
+    s_steps = make_lean_s(K_T, SCRATCH_AT, half)
     online_softmax = make_online_softmax(causal)
     uBM = U(BLOCK)
 
@@ -195,18 +204,19 @@ def make_lean_kernel(causal):
 
 
 @functools.lru_cache(maxsize=None)
-def make_wide_kernel(causal, vector_loads):
+def make_wide_kernel(causal, vector_loads, half=False):
     """The kernel for 64 < d <= 128: grid (ceil(Nq / 128), B*H), 256 threads, arguments (q, k,
     v, out, lse, scale, heads, group) on (B*H, N, d) float32 device arrays. Warpgroup 0 stages
     K's two halves, warpgroup 1 V^T's; each warpgroup reads its 64 rows of scale Q from global
     memory (L1 / L2) into chained A fragments per K/V block. S as four chained products with
     the contraction permuted (sm90.operands), P V as two per half of O.
     vector_loads: Q's runs of 8 columns read 16 bytes at a time (q 16-byte aligned,
-    d % 4 == 0: `launcher` picks by the arguments); False: element by element."""
+    d % 4 == 0: `launcher` picks by the arguments); False: element by element.
+    half: as make_lean_kernel's."""
     stage_k = make_stage(False, loads=STAGE_LOADS, per_warpgroup=True, chain_permuted=True)
     stage_vt = make_stage(True, permuted=True, loads=STAGE_LOADS, per_warpgroup=True)
-    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
-    s_chain = make_wide_s(WIDE_K_T, vector_loads)
+    chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
+    s_chain = make_wide_s(WIDE_K_T, vector_loads, half)
     online_softmax = make_online_softmax(causal)
     uBN = U(BLOCK)
 
@@ -319,10 +329,10 @@ def make_wide_kernel(causal, vector_loads):
 
 
 @functools.lru_cache(maxsize=None)
-def launcher(causal):
+def launcher(causal, half=False):
     """(kernel, threads) of the wide forward: the vector-load kernel where q is 16-byte aligned
     (its data and rows: d % 4 == 0), its scalar-load twin otherwise (vector_io.AlignedDispatch;
     the same sums, bit for bit)."""
-    vector, threads = make_wide_kernel(causal, True)
-    scalar = make_wide_kernel(causal, False)[0]
+    vector, threads = make_wide_kernel(causal, True, half)
+    scalar = make_wide_kernel(causal, False, half)[0]
     return AlignedDispatch(vector, scalar, (0,)), threads

@@ -306,12 +306,14 @@ def row_stats(lse, Dvec, bh, i0, i1, nq):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_s(k_at, scratch_at):
+def make_lean_s(k_at, scratch_at, half=False):
     """s_steps(sm, s_acc, q_at, s) for d <= 64: s_acc += steps s and s + 1 of (scale Q) K^T in
     one tensor-core wait (each from zero, added in step order), A = scale Q's fragments from
     its staged tile (q_at = the tile's offset + core_offset(16 warp + lane // 4, lane % 4, 64)
-    = offset + 1024 warp + lane), B = the K tile at sm[k_at]; call with s = 0, 2, 4, 6."""
-    step2_regs = products(BLOCK, D_PAD, D_PAD)["step2_3xtf32_regs"]
+    = offset + 1024 warp + lane), B = the K tile at sm[k_at]; call with s = 0, 2, 4, 6.
+    half: K holds half inputs (exact in TF32), so the products with its zero small part are
+    not issued (wgmma.products' exact="b"): the same S."""
+    step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     K_AT, SCRATCH_AT = k_at, scratch_at
 
     @inlined_device_function
@@ -334,14 +336,15 @@ def make_lean_s(k_at, scratch_at):
 
 
 @functools.lru_cache(maxsize=None)
-def make_wide_s(k_at, vector_loads):
+def make_wide_s(k_at, vector_loads, half=False):
     """s_chain(sm, s_acc, q, bh, row0, scale, d, warp, lane, g, x, a_big, a_small, scratch) for
     64 < d <= 128: s_acc += steps CHAIN g.. of (scale Q) K^T as one product chained in the
     tensor core (one wait); A = scale Q's permuted chain fragments read from global memory
     into x and split into a_big, a_small (CHAIN_A-entry local arrays), B = K's column half
     g // 2 staged chain-permuted at sm[k_at] (HALF floats per half); call with g = 0..3.
-    vector_loads: q's runs of 8 read 16 bytes at a time (q 16-byte aligned, d % 4 == 0)."""
-    chained_regs = products(BLOCK, D_PAD, D_PAD)["chained_3xtf32_regs"]
+    vector_loads: q's runs of 8 read 16 bytes at a time (q 16-byte aligned, d % 4 == 0).
+    half: as make_lean_s's (B, here K or V, exact in TF32)."""
+    chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
     chain_elements = make_chain_fragments(False, True, vector_loads)
     K_AT = k_at
 

@@ -209,7 +209,20 @@ else:
             return context.get_dummy_value()
         return types.void(), codegen
 
-    def _steps_intrinsic(n, kinds):
+    def _step_lines(mma, big, small, bb, bs, first, exact):
+        """The wgmma lines of one 3xTF32 step: small_a big_b, big_a small_b, big_a big_b (the
+        first with scale-d p, a fresh accumulator, when `first`), less the product whose
+        operand part is zero: exact "a" (A exact in TF32: its small part is 0) drops the
+        first, "b" the second. The dropped product adds exact zeros, so the sum is the same."""
+        terms = [(small, bb), (big, bs), (big, bb)]
+        if exact == "a":
+            terms.pop(0)
+        elif exact == "b":
+            terms.pop(1)
+        return [f"{mma}, {a}, {b}, {'p' if first and i == 0 else '1'}, 1, 1;"
+                for i, (a, b) in enumerate(terms)]
+
+    def _steps_intrinsic(n, kinds, exact=None):
         """One 3xTF32 step of len(kinds) products in one wgmma.fence / commit / wait block:
         for each, wgmma m64n{n}k8 TF32 of (a_small, b_big), (a_big, b_small), (a_big, b_big)
         into fresh accumulators (the first with scale-d false). Arguments per product: a_big,
@@ -239,8 +252,7 @@ else:
             constraints += ["l"] * 2
             types_in += [ir.IntType(64)] * 2
             at += 2
-            lines += [f"{mma}, {small}, {bb}, p, 1, 1;", f"{mma}, {big}, {bs}, 1, 1, 1;",
-                      f"{mma}, {big}, {bb}, 1, 1, 1;"]
+            lines += _step_lines(mma, big, small, bb, bs, True, exact)
         lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
         text = "\n".join(lines).replace("${zero}", f"${at}")
         constraints = ",".join(["=f"] * outs + constraints + ["r"]
@@ -287,7 +299,7 @@ else:
         return steps
 
 
-    def _chained_intrinsic(n, products_, steps):
+    def _chained_intrinsic(n, products_, steps, exact=None):
         """`products_` products of `steps` 3xTF32 steps each, all operands in shared memory,
         chained in the tensor core's accumulators (one fresh accumulator per product, scale-d
         false on its first wgmma) in one fence / commit / wait block. Arguments per product:
@@ -304,8 +316,7 @@ else:
             for s in range(steps):
                 lines += [f"add.s64 {r}, ${a + i}, {16 * s};"
                           for i, r in enumerate(("ab", "as", "bb", "bs"))]
-                lines += [f"{mma}, as, bb, {'p' if s == 0 else '1'}, 1, 1;",
-                          f"{mma}, ab, bs, 1, 1, 1;", f"{mma}, ab, bb, 1, 1, 1;"]
+                lines += _step_lines(mma, "ab", "as", "bb", "bs", s == 0, exact)
         lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
         text = "\n".join(lines)
         constraints = ",".join(["=f"] * outs + ["l"] * (4 * products_) + ["r"]
@@ -332,7 +343,7 @@ else:
             return result(*args), codegen
         return chained
 
-    def _chained_regs_intrinsic(n, steps):
+    def _chained_regs_intrinsic(n, steps, exact=None):
         """One product of `steps` 3xTF32 steps with A from registers, chained in a fresh
         accumulator (scale-d false on its first wgmma), in one fence / commit / wait block.
         Arguments: a_big, a_small (local float32 arrays of 4 steps entries: step s's A fragment
@@ -349,8 +360,7 @@ else:
             small = "{" + ", ".join(f"${regs + 4 * steps + 4 * s + i}" for i in range(4)) + "}"
             lines += [f"add.s64 bb, ${regs + n_a}, {16 * s};",
                       f"add.s64 bs, ${regs + n_a + 1}, {16 * s};",
-                      f"{mma}, {small}, bb, {'p' if s == 0 else '1'}, 1, 1;",
-                      f"{mma}, {big}, bs, 1, 1, 1;", f"{mma}, {big}, bb, 1, 1, 1;"]
+                      *_step_lines(mma, big, small, "bb", "bs", s == 0, exact)]
         lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
         text = "\n".join(lines)
         constraints = ",".join(["=f"] * regs + ["r"] * n_a + ["l", "l", "r"]
@@ -385,9 +395,15 @@ else:
 
 
 @functools.lru_cache(maxsize=None)
-def products(n, KA, KB):
+def products(n, KA, KB, exact=None):
     """dict(step_3xtf32=..., regs=n // 2) for a 64 x n block, A 64 x KA and B n x KB (see the
-    module); ValueError unless n is 8..256 in steps of 8 and KA, KB multiples of 8."""
+    module); ValueError unless n is 8..256 in steps of 8 and KA, KB multiples of 8.
+    exact: None, or "a" / "b" when that operand holds values exact in TF32 (half inputs
+    widened to float32: their small parts are zero), whose product with the zero part is
+    then not issued (two wgmma a step where 3xTF32 takes three; the same sums). On the
+    simulator the model sums every part either way."""
+    if exact not in (None, "a", "b"):
+        raise ValueError(f"exact must be None, 'a' or 'b', got {exact!r}")
     if n % 8 or not 8 <= n <= 256 or KA % STEP or KB % STEP:
         raise ValueError(f"wgmma products need n in 8..256 in steps of 8 and contraction "
                          f"lengths multiples of {STEP}, got n={n}, {KA}, {KB}")
@@ -490,8 +506,10 @@ def products(n, KA, KB):
                     chained2_3xtf32=chained2_3xtf32, chained_3xtf32_regs=chained_3xtf32_regs,
                     regs=regs)
 
-    smem1, regs1 = _steps_intrinsic(n, ("smem",)), _steps_intrinsic(n, ("regs",))
-    smem2, regs2 = _steps_intrinsic(n, ("smem", "smem")), _steps_intrinsic(n, ("regs", "regs"))
+    smem1 = _steps_intrinsic(n, ("smem",), exact)
+    regs1 = _steps_intrinsic(n, ("regs",), exact)
+    smem2 = _steps_intrinsic(n, ("smem", "smem"), exact)
+    regs2 = _steps_intrinsic(n, ("regs", "regs"), exact)
     sbo_a, sbo_b = uint64(CORE * 4 * (KA // 4)) >> 4, uint64(CORE * 4 * (KB // 4)) >> 4
     lbo = uint64(CORE * 4) >> 4
 
@@ -528,8 +546,8 @@ def products(n, KA, KB):
         return regs2(a_big, a_small, descriptor(base, b_big, s, sbo_b),
                      descriptor(base, b_small, s, sbo_b), a2_big, a2_small,
                      descriptor(base, b2_big, s, sbo_b), descriptor(base, b2_small, s, sbo_b))
-    chain2 = _chained_intrinsic(n, 2, KA // STEP) if KA == KB else None
-    chain_regs = _chained_regs_intrinsic(n, CHAIN)
+    chain2 = _chained_intrinsic(n, 2, KA // STEP, exact) if KA == KB else None
+    chain_regs = _chained_regs_intrinsic(n, CHAIN, exact)
 
     @cuda.jit(device=True)
     def chained_3xtf32_regs(sm, a_big, a_small, b_big, b_small, s, scratch):
