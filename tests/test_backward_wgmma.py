@@ -59,8 +59,9 @@ def test_deterministic_dq_pass_within_tolerance_and_dk_dv_as_the_atomic_path(cas
 def test_wgmma_rejects_tiles_it_does_not_have_and_falls_back_where_it_cannot_run():
     with pytest.raises(ValueError, match="64 x 64 tiles"):
         sm90_backward.check_tiles(32, 64, 64, np.float32)
-    with pytest.raises(ValueError, match="float32 only"):
+    with pytest.raises(ValueError, match="takes float32 and half inputs"):
         sm90_forward.check(64, 64, 64, np.float64)
+    sm90_forward.check(64, 64, 64, np.float16)        # half inputs, widened: taken
     with pytest.raises(ValueError, match="128 x 64 tiles at d = 100"):
         sm90_forward.check(64, 64, 100, np.float32)
     q = np.ones((1, 1, 4, 8), np.float32)
@@ -70,6 +71,7 @@ def test_wgmma_rejects_tiles_it_does_not_have_and_falls_back_where_it_cannot_run
         assert registry.resolve("wgmma", d, dtype, "sm_90").name == "fa2"
     assert registry.resolve("wgmma", 64, np.float32, "sm_80").name == "fa2"
     assert registry.resolve("wgmma", 128, np.float32, "sm_90").name == "wgmma"
+    assert registry.resolve("wgmma", 128, "bfloat16", "sm_90").name == "wgmma"
 
 
 @pytest.mark.gpu
