@@ -62,6 +62,9 @@ def main(argv=None):
                         help="run only this property (repeatable); default all")
     p_fuzz.add_argument("--kernel", action="append", dest="kernels", metavar="NAME",
                         help="run only this registered kernel (repeatable); default all")
+    p_fuzz.add_argument("--dtype", action="append", dest="dtypes",
+                        choices=("float16", "bfloat16", "float32", "float64"),
+                        help="draw only inputs of this dtype (repeatable); default all four")
     p_replay = sub.add_parser("replay", help="re-run one reproducer file and compare")
     p_replay.add_argument("file")
     args = parser.parse_args(argv)
@@ -129,7 +132,8 @@ def fuzz(args):
           f"(property, kernel) pairs, " + (f"{examples} examples each" if examples else
                                           f"{args.seconds:g} s shared among them"))
     outcomes, failures, paths = campaign.fuzz(size, examples, args.seconds, args.out,
-                                              properties=args.properties, kernels=args.kernels)
+                                              properties=args.properties, kernels=args.kernels,
+                                              dtypes=tuple(args.dtypes or campaign.DTYPES))
     print(f"\n{len(outcomes)} examples over {len(todo)} (property, kernel) pairs, "
           f"{len(failures)} failed.")
     width = max(len(p) for p, _ in todo) + 2

@@ -30,6 +30,14 @@ def test_fuzz_cli_exits_zero_when_nothing_fails(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+def test_fuzz_draws_only_the_dtypes_asked_for(tmp_path):
+    outcomes, failures, _ = campaign.fuzz("simulator", 3, None, tmp_path, progress=False,
+                                          properties=["forward agrees"], kernels=["rowwise"],
+                                          dtypes=("bfloat16",))
+    assert len(outcomes) == 3 and not failures
+    assert {o.problem.dtype for o in outcomes} == {"bfloat16"}
+
+
 CHEAP = dict(properties=["D = rowsum(P * dP)", "forward agrees"], kernels=["rowwise", "tiled"])
 
 

@@ -39,7 +39,7 @@ def applies(prop, kernel):
 
 
 def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="auto",
-           should_stop=None, **settings_kw):
+           should_stop=None, dtypes=DTYPES, **settings_kw):
     """Run Hypothesis on one property for one kernel. Failing examples raise AssertionError
     (with the comparison report) unless raise_on_failure is False; every outcome is passed to
     on_outcome. tiles: draw tile sizes for "forward" or "backward" from what the kernel
@@ -47,14 +47,17 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     should_stop() -> True, asked before each example runs, ends the search there (a deadline;
     the examples run so far stand; such a search reports nothing itself, Verbosity.quiet:
     Hypothesis would take the stop for an error and print a seed to reproduce it).
-    settings_kw override the loaded profile (max_examples)."""
+    dtypes: the input dtypes to draw from (default every one the API takes; those the pair
+    cannot run are left out). settings_kw override the loaded profile (max_examples)."""
     from .. import registry
     func, kind, prop_tiles = PROPERTIES[prop]
     if tiles == "auto":
         tiles = prop_tiles
     # the dtypes the pair runs (a variant without a fallback, like a mutant of the float32
     # Hopper pair, raises for the others); the head dims too, case by case (assume)
-    dtypes = tuple(dt for dt in DTYPES if registry.runs(kernel, 1, dt))
+    dtypes = tuple(dt for dt in dtypes if registry.runs(kernel, 1, dt))
+    if not dtypes:
+        raise ValueError(f"kernel {kernel!r} runs none of the dtypes asked for")
 
     @given(problems(size=size, dtypes=dtypes, tiles=(kernel, tiles) if tiles else None))
     def run(p):
@@ -217,14 +220,15 @@ def load_reproducer(path):
 
 
 def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=True,
-         properties=None, kernels=None):
+         properties=None, kernels=None, dtypes=DTYPES):
     """Run every (property, kernel) pair (of `properties` and `kernels`, default all, see
     pairs()), one Hypothesis search each: `examples` examples each, or, with `seconds`, for
     a share of the time: each pair in turn until its deadline, the time left over the pairs
     left (so a pair that ends early, or overruns by one slow example, leaves the others their
     share). Each pair runs until it has one outcome whatever the clock says (Hypothesis starts
     with its simplest problem, a cheap one), so every pair is tried. Every failure is saved at
-    once as a reproducer (save_reproducer). Returns (outcomes, failures, reproducer paths);
+    once as a reproducer (save_reproducer). dtypes: as search's. Returns (outcomes,
+    failures, reproducer paths);
     tally(outcomes, pairs(...)) counts them per pair."""
     from tqdm import tqdm
     if examples is None and not seconds:
@@ -260,7 +264,7 @@ def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=Tr
                 # examples without one (problems the property does not apply to)
                 return time.time() > deadline and (got.get(key, 0) > 0 or tried[0] > 20)
         search(prop, kernel, size, on_outcome=record, raise_on_failure=False,
-               max_examples=examples or 10 ** 6, should_stop=stop)
+               max_examples=examples or 10 ** 6, should_stop=stop, dtypes=dtypes)
     bar.close()
     return outcomes, failures, paths
 
