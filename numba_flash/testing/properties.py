@@ -160,8 +160,11 @@ def d_is_rowsum_of_p_dp(kernel, p):
     from ..kernels import backward
     q, k, v, dout = p.inputs()
     out, _ = flash_attention_forward(q, k, v, causal=p.causal, kernel="auto")
+    dtype = q.dtype
+    if ref.precision.half_format(dtype):    # their values in float32 for the NumPy reference
+        q, k, v, dout = (a.astype(np.float32) for a in (q, k, v, dout))
     bh = p.B * p.H
-    dt = registry.kernel_dtype(q.dtype)             # half inputs: the kernels' float32
+    dt = registry.kernel_dtype(dtype)               # half inputs: the kernels' float32
     d_D = cuda.device_array((bh, p.Nq), dtype=dt)
     d_dout = cuda.to_device(dout.astype(dt).reshape(bh, p.Nq, p.d))
     backward.run_preprocess(d_dout, cuda.to_device(out.astype(dt).reshape(bh, p.Nq, p.d)),
@@ -177,7 +180,7 @@ def d_is_rowsum_of_p_dp(kernel, p):
     o_err = np.abs(out.astype(hi) - o_truth)
     o_err = float((np.abs(dout) * o_err).sum(axis=-1).max()) if o_err.size else 0.0
     return Outcome("D = rowsum(P * dP)", kernel, p,
-                   [compare("D", D, (P * dP).sum(axis=-1), same, GRADIENT_MULTIPLE, q.dtype,
+                   [compare("D", D, (P * dP).sum(axis=-1), same, GRADIENT_MULTIPLE, dtype,
                             extra=o_err)])
 
 

@@ -244,7 +244,7 @@ def backward_truth(dout, q, k, v, *, causal=False, scale=None, ns=None):
     if kv_heads is not None and kv_heads != q.shape[1]:
         truth = (truth[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in truth[1:])
         same = (same[0],) + tuple(ref.sum_kv_groups(g, kv_heads) for g in same[1:])
-    terms, extras = _gradient_terms(dout, q, k, v, causal, scale, kv_heads)
+    terms, extras = _gradient_terms(dout, q, k, v, causal, scale, kv_heads, fmt)
     return BackwardTruth(dtype, tuple(truth), tuple(same), tuple(terms), tuple(extras))
 
 
@@ -274,12 +274,18 @@ def _reference_s_p_dp(q, k, v, dout, causal, scale, dtype):
     return S, ref.safe_softmax(S), dout @ np.swapaxes(v, -1, -2)
 
 
-def _gradient_terms(dout, q, k, v, causal, scale, kv_heads=None):
+def _gradient_terms(dout, q, k, v, causal, scale, kv_heads=None, fmt=None):
     """(terms, extras) for dq, dk, dv. terms: sizes of the sums behind them (float64): dq_i =
     scale sum_j dS_ij k_j, dk_j = scale sum_i dS_ij q_i (summed over the query heads sharing
     key head j under GQA), dv_j = sum_i P_ij dO_i. Rows of dS sum to zero, so dq can cancel to
     ~0 while its terms do not; the rounding floor follows the terms. extras: the rounding of P
-    recomputed from lse, and that of dS = P (dP - D)'s inputs (module docstring)."""
+    recomputed from lse, and that of dS = P (dP - D)'s inputs (module docstring); for a half
+    format `fmt`, also D_i = rowsum(dO_i * O_i) taken from the forward's O rounded to that
+    format (FlashAttention's contract: out is stored in half): off by up to u sum_c |dO_ic|
+    |O_ic| (u its unit roundoff), which reaches dq_i as scale sum_j P_ij dD_i |k_j| and dk_j
+    alike. Without it, float16 kernels computing in float32 failed with dO ~ 2e3 or |v| ~ 6e4
+    (gpu fuzz, 2026-12-04: dq off by 0.214 against 0.039 allowed, all of it this rounding,
+    tests/test_tolerance.py replays it in NumPy)."""
     s = ref.default_scale(q.shape[-1], scale)
     S, P, dP = _reference_s_p_dp(q, k, v, dout, causal, scale, np.float64)
     D = (P * dP).sum(axis=-1, keepdims=True)
@@ -306,9 +312,16 @@ def _gradient_terms(dout, q, k, v, causal, scale, kv_heads=None):
     ds_err = D_ROUNDING_ULPS * eps + 2 * s_err
     dq_ds, dk_ds = dq_dk_sizes(P * (np.abs(dP) + np.abs(D)))
     # and every gradient: P = exp(S - lse) off by p_err relative (dv: and by 2 s_err)
-    extras = (p_err * terms[0] + ds_err * dq_ds, p_err * terms[1] + ds_err * dk_ds,
-              (p_err + 2 * s_err) * terms[2])
-    return terms, extras
+    extras = [p_err * terms[0] + ds_err * dq_ds, p_err * terms[1] + ds_err * dk_ds,
+              (p_err + 2 * s_err) * terms[2]]
+    if fmt:
+        O = P @ v.astype(np.float64)
+        dD = (ref.precision.HALF_UNIT_ROUNDOFF[fmt]
+              * (np.abs(dout.astype(np.float64)) * np.abs(O)).sum(axis=-1, keepdims=True))
+        dq_dd, dk_dd = dq_dk_sizes(P * dD)
+        extras[0] += dq_dd
+        extras[1] += dk_dd
+    return terms, tuple(extras)
 
 
 def assert_within_tolerance(comparisons, problem=""):
