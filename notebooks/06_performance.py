@@ -27,6 +27,13 @@
 # where torch efficient still leads: the `wgmma` forward trails it at every N at d = 128
 # (0.69–0.98×) and at N ≤ 2k at d = 64.
 #
+# **Claim 2 (bfloat16)** (2026-12-04 00:29 UTC, `numba-flash bench --dtype bfloat16`,
+# `notebooks/data/bench-bf16-full-h200-2026-12-04.json`, N = 1k–16k). numba-flash has no
+# half-precision tensor-core kernel yet: bfloat16 inputs are widened to float32 and run by the
+# `wgmma` pair with two TF32 products a step, 25–53 TFLOP/s forward+backward, 0.16–0.19× torch's
+# FlashAttention-2 backend and 0.09–0.12× cuDNN in the same run; the forward alone 0.09–0.15×
+# FlashAttention-2.
+#
 # Ratios are of TFLOP/s in the same run (FLOPs counted as FlashAttention-2 counts them; the
 # backward as 2.5× the forward). How the figures are counted, the chip's ceilings and how the
 # kernels got here, run by run, are in [docs/performance.md](../docs/performance.md); the other
@@ -103,6 +110,40 @@ for d, causal in PANELS:
            for peer in ("torch math", "torch efficient", FA2)})
 
 # %% [markdown]
+# bfloat16: numba-flash (widened to float32, the `wgmma` pair's two-product kernels) beside
+# torch's FlashAttention-2 and cuDNN backends, forward+backward (log scale: they are 5–10x
+# apart).
+
+# %%
+half = json.loads(data_file("bench-bf16-full-h200-2026-12-04.json").read_text())
+records16 = half["records"]
+BF16_IMPLS = ("numba-flash auto", "torch flash", "torch cudnn")
+
+
+def curve16(impl, mode, d, causal):
+    """{N: TFLOP/s} of one implementation in one panel of the bfloat16 run."""
+    return dict(sorted((r["N"], r["tflops"]) for r in records16 if "tflops" in r
+                       and (r["impl"], r["mode"], r["d"], r["causal"]) == (impl, mode, d, causal)))
+
+
+fig, axes = plt.subplots(1, 4, figsize=(15, 3.4), sharey=True)
+for ax, (d, causal) in zip(axes, PANELS):
+    for impl in BF16_IMPLS:
+        pts = curve16(impl, "fwd+bwd", d, causal)
+        ax.loglog(list(pts), list(pts.values()), marker="o", label=impl)
+    ax.set_title(f"bf16 fwd+bwd d={d}{' causal' if causal else ''}", fontsize=9)
+    ax.set_xticks([1024, 2048, 4096, 8192, 16384], ["1k", "2k", "4k", "8k", "16k"])
+    ax.set_yticks([20, 50, 100, 200, 500], ["20", "50", "100", "200", "500"])
+    ax.minorticks_off()
+axes[0].set_ylabel("TFLOP/s")
+axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+show(fig, "bf16")
+ratio16 = {(mode, peer): [curve16("numba-flash auto", mode, d, c)[n] / v
+                          for d, c in PANELS for n, v in curve16(peer, mode, d, c).items()]
+           for mode in ("fwd", "fwd+bwd") for peer in ("torch flash", "torch cudnn")}
+print({k: (round(min(v), 3), round(max(v), 3)) for k, v in ratio16.items()})
+
+# %% [markdown]
 # **Check the claim** against the recorded figures.
 
 # %%
@@ -138,4 +179,15 @@ lo, hi = span(FWD, "torch efficient", "fwd", [(128, False), (128, True)])
 assert 0.68 < lo and hi < 0.99, (lo, hi)                     # the forward trails at d = 128
 assert all(r < 1 for c in (False, True)
            for n, r in ratios(FWD, "torch efficient", "fwd", 64, c).items() if n <= 2048)
+# claim 2: bfloat16
+assert half["environment"]["date"].startswith("2026-12-04T00:29")
+assert {r["dtype"] for r in records16} == {"bfloat16"} and not any("error" in r for r in records16)
+ours16 = [r["tflops"] for r in records16 if r["impl"] == "numba-flash auto" and r["mode"] == "fwd+bwd"]
+assert len(ours16) == 20 and 24 < min(ours16) and max(ours16) < 53
+lo, hi = min(ratio16["fwd+bwd", "torch flash"]), max(ratio16["fwd+bwd", "torch flash"])
+assert 0.15 < lo and hi < 0.20, (lo, hi)
+lo, hi = min(ratio16["fwd+bwd", "torch cudnn"]), max(ratio16["fwd+bwd", "torch cudnn"])
+assert 0.09 < lo and hi < 0.13, (lo, hi)
+lo, hi = min(ratio16["fwd", "torch flash"]), max(ratio16["fwd", "torch flash"])
+assert 0.09 < lo and hi < 0.15, (lo, hi)
 print("claim holds")

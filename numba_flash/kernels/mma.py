@@ -63,12 +63,6 @@ else:
     from numba import types
     from numba.cuda.extending import intrinsic
 
-    # Integer arithmetic on the bits, as the NumPy model: add half of the dropped part's weight,
-    # clear the dropped bits. inf and NaN pass unchanged (a select): the sum would carry a NaN
-    # whose mantissa is all ones, the GPU's canonical NaN (0x7fffffff, what q * scale makes of
-    # a NaN q), into the sign bit and make it -0.0, a finite logit where truth is NaN
-    # (2026-12-02). Its split leaves inf's small part NaN (inf - inf): the tensor-core kernels
-    # give NaN rows where an input is infinite (README, "What bad input gets").
     def _tf32_rounding(keep_nonfinite):
         """An intrinsic rounding a float32 to TF32 (round_tf32's bit arithmetic); with
         keep_nonfinite inf and NaN pass unchanged (the select), else a NaN whose mantissa's
