@@ -104,6 +104,9 @@ def _validate(q, k, v, scale):
         dt = arrays.dtype_of(name, x)
         if dt.name not in DTYPES:
             raise TypeError(f"{name} must be one of {', '.join(DTYPES)}, got {dt}")
+        if not dt.isnative:             # '>f4' is named float32 too, but the kernels read native
+            raise TypeError(f"{name} must be in native byte order, got {dt.str} "
+                            f"(x.astype(x.dtype.newbyteorder('=')) converts it)")
         dtypes[name] = dt
     if len(set(dtypes.values())) > 1:
         raise TypeError("q, k, v must share one dtype, got "
@@ -189,13 +192,15 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
 
     q (..., Nq, d), k and v (..., Nk, d) with the same leading dims; for 4-D (B, H, N, d)
     inputs k and v may have Hk heads, Hk dividing H (grouped-query attention). float32 or
-    float64, computed in that precision; d in 1..256.
+    float64, computed in that precision, or float16 / bfloat16, widened to float32 on the
+    device and computed there (out rounded back once to the inputs' dtype); d in 1..256.
     causal masks key j for query i when j > i + (Nk - Nq) (bottom-right aligned).
     Array-likes that are none of NumPy, CuPy, Numba or torch arrays (lists, tuples) are taken
     as np.asarray takes them (lists of Python floats are float64).
-    scale defaults to 1/sqrt(d); it must be finite and positive in the inputs' dtype.
-    kernel: "auto" (the fastest registered pair that can run this case here: on an H200 in
-    float32 with d <= 128 the Hopper "wgmma" pair, else "fa2")
+    scale defaults to 1/sqrt(d); it must be finite and positive in the kernels' dtype (the
+    inputs', float32 for half inputs).
+    kernel: "auto" (the fastest registered pair that can run this case here: on an H200 with
+    d <= 128 in float32, float16 or bfloat16 the Hopper "wgmma" pair, else "fa2")
     or a registered name (numba_flash.registry.PAIRS; a pair that cannot run the case falls
     back as the registry says). block_m / block_n override the pair's tile sizes (ValueError
     for tiles it cannot take). Pass the same kernel to flash_attention_backward.

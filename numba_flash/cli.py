@@ -174,7 +174,7 @@ def info():
     device = registry.current_device()
     for name, pair in registry.PAIRS.items():
         print(f"kernel {name}: {pair.summary}")
-    for dtype in ("float32", "float64"):
+    for dtype in ("float16", "bfloat16", "float32", "float64"):
         print(f"kernel='auto' in {dtype}: " + ", ".join(
             f"d={d} {registry.resolve('auto', d, dtype, device).name}" for d in (64, 128, 256)))
     return 0

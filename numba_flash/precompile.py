@@ -38,7 +38,8 @@ def _compile(kernel, d, causal, dtype):
 
 def precompile(configs, processes=None, progress=False):
     """Compile the kernels of `configs`, an iterable of (kernel, d, causal, dtype) with kernel
-    a registered pair name (as the API takes it) and dtype "float32" or "float64", in up to
+    a registered pair name (as the API takes it) and dtype a name the API takes ("float32",
+    "bfloat16", ...), in up to
     `processes` worker processes (default: one per core, at most one per configuration).
 
     Returns {config: seconds} for those compiled and {config: error text} for those that

@@ -116,7 +116,9 @@ def unregister(name):
 def variant(name, base, **changes):
     """A copy of registered pair `base` under `name` with fields replaced (make_forward=,
     run_backward=, ...), for a changed kernel; it takes over base's tiles and can_run, and
-    has no fallback (a variant that cannot run a case says so)."""
+    has no fallback (a variant that cannot run a case says so); half_inputs is copied too, so a
+    variant of wgmma gets the half dtype in make_forward (pass half_inputs=False if its kernels
+    cannot take it)."""
     return dataclasses.replace(PAIRS[base], name=name, **{"fallback": None, **changes})
 
 

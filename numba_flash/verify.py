@@ -117,12 +117,20 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
     return 1 if failed else 0
 
 
+def _compiled_as(pair, dtype):
+    """The dtype whose kernels cover `pair` on `dtype` inputs. Half inputs run float32 kernels
+    (registry.kernel_dtype): the float32 inputs' own for most pairs, compiled once; for a pair
+    with half_inputs, kernels of their own, one set for both half formats (they differ only in
+    the conversion kernels, which compile in the caller's process): compiled as float16."""
+    if registry.PAIRS[pair].half_inputs and registry.half_format(dtype):
+        return "float16"
+    return registry.kernel_dtype(dtype).name
+
+
 def _compile_ahead(steps, progress):
     """Compile every (pair, d, causal, dtype) of the plan in parallel processes into the disk
     cache (precompile.py), so that the checks load them; print what it did."""
-    # half inputs run the float32 kernels (registry.kernel_dtype): compiled once, as float32;
-    # the small conversion kernels compile in this process
-    configs = {(pair, st.case.d, st.case.causal, registry.kernel_dtype(st.dtype).name)
+    configs = {(pair, st.case.d, st.case.causal, _compiled_as(pair, st.dtype))
                for st in steps for pair in st.pairs}
     t0 = time.time()
     done, failed = precompile(configs, progress=sys.stderr.isatty() if progress is None

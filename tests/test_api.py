@@ -38,6 +38,8 @@ def qkv(shape_q=(1, 2, 5, 4), shape_k=None, dtype=np.float32):
     (lambda: (qkv()[0].astype(np.float16), qkv()[1].astype(ml_dtypes.bfloat16),
               qkv()[2].astype(np.float16)), TypeError, "share one dtype"),
     (lambda: (qkv()[0], qkv()[1].astype(np.float64), qkv()[2]), TypeError, "share one dtype"),
+    (lambda: qkv(dtype=">f4"), TypeError, "native byte order, got >f4"),
+    (lambda: qkv(dtype=">f2"), TypeError, "native byte order, got >f2"),
     (lambda: (qkv()[0], qkv()[1], qkv()[2][:, :, :3]), ValueError, "k and v lengths differ"),
 ])
 def test_bad_shapes_and_dtypes(make, error, match):

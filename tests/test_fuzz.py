@@ -1,5 +1,8 @@
 """The fuzz campaign records failures as reproducer files, and replay re-runs them."""
 
+import ml_dtypes
+import numpy as np
+
 from numba_flash import cli
 from numba_flash.registry import PAIRS
 from numba_flash.testing import Comparison, Outcome, campaign, mutants
@@ -84,6 +87,17 @@ def test_every_failure_gets_its_own_reproducer(tmp_path, monkeypatch):
     again = campaign.save_reproducer(failures[0], str(tmp_path))
     assert again not in paths and open(paths[0], "rb").read() == first
     assert campaign.load_reproducer(again)[2].as_dict() == failures[0].problem.as_dict()
+
+
+def test_bfloat16_reproducers_replay_in_bfloat16(tmp_path, monkeypatch):
+    monkeypatch.setitem(PROPERTIES, "always fails", (always_fails, "forward", None))
+    _, failures, paths = campaign.fuzz("simulator", examples=1, directory=str(tmp_path),
+                                       progress=False, properties=["always fails"],
+                                       kernels=["rowwise"], dtypes=("bfloat16",))
+    _, _, problem = campaign.load_reproducer(paths[0])
+    for saved, drawn in zip(problem.inputs(), failures[0].problem.inputs()):
+        assert saved.dtype == drawn.dtype == ml_dtypes.bfloat16
+        assert np.array_equal(saved.view(np.uint16), drawn.view(np.uint16))
 
 
 def test_fuzz_cli_rejects_unknown_kernels_and_empty_selections(capsys):

@@ -114,10 +114,20 @@ def test_precompile_runs_each_configuration_in_a_worker_and_reports_failures():
     assert "unknown kernel 'no such pair'" in failed[("no such pair", 3, False, "float64")]
 
 
+def test_half_inputs_compile_ahead_as_the_kernels_they_run():
+    # fa2 runs half inputs on its float32 kernels; wgmma has half kernels, one set for both
+    assert verify._compiled_as("fa2", "bfloat16") == "float32"
+    assert verify._compiled_as("fa2", "float64") == "float64"
+    assert verify._compiled_as("wgmma", "bfloat16") == verify._compiled_as("wgmma", "float16")
+    assert verify._compiled_as("wgmma", "float16") != verify._compiled_as("wgmma", "float32")
+
+
 @pytest.mark.gpu
 def test_gpu_verify_compiles_ahead_into_an_empty_cache(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("NUMBA_FLASH_CACHE_DIR", str(tmp_path / "cache"))
     assert verify.main(False, case_names=["causal", "d = 1"]) == 0
     out = capsys.readouterr().out
-    assert "compiled ahead: 4 of 4 (pair, d, causal, dtype) configurations" in out, out
+    # per case: wgmma float32, wgmma's half kernels (float16 and bfloat16 share them), fa2
+    # float64
+    assert "compiled ahead: 6 of 6 (pair, d, causal, dtype) configurations" in out, out
     assert any((tmp_path / "cache").rglob("*.nbi"))

@@ -1,7 +1,7 @@
 """Half storage to float32 and back, on the device: what lets every float32 kernel pair take
 float16 and bfloat16 arrays (api.py), until pairs with half tensor-core products exist.
 
-    widen(src, dst, stream)            dst (float32) = src (float16, or bfloat16 as its bits)
+    widen(src, dst, fmt, stream)       dst (float32) = src (float16, or bfloat16 as its bits)
     narrow(src, dst, fmt, stream)      dst (float16, or bfloat16 bits) = src (float32) rounded
                                        to nearest, ties to even (NaN stays NaN, overflow to inf)
 

@@ -216,6 +216,10 @@ def load_reproducer(path):
     with np.load(path) as f:
         meta = json.loads(str(f["meta"]))
         saved = tuple(f[n] for n in ("q", "k", "v", "dout"))
+    # np.savez keeps ml_dtypes' bfloat16 as raw 2-byte voids ('V2'): the bits are right, the
+    # dtype is lost, so view them back as the dtype the problem names
+    dtype = np.dtype(meta["problem"]["dtype"])
+    saved = tuple(a.view(dtype) if a.dtype.kind == "V" else a for a in saved)
     return meta["prop"], meta["kernel"], Problem(**meta["problem"], saved=saved)
 
 
