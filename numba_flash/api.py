@@ -213,23 +213,27 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
     p = _validate(q, k, v, scale)
     dt = p.compute_dtype
-    pair = registry.resolve(kernel, p.d, dt)
+    pair = registry.resolve(kernel, p.d, p.dtype)
     bm, bn = _blocks(pair.forward_tiles(p.d, dt), block_m, block_n)
-    # a pair with half_inputs compiles kernels that know the widened values are half
+    # a pair with half_inputs compiles kernels that know the widened values are half; one
+    # with half_storage kernels that read and write them as stored (16-bit patterns)
     launch, threads = pair.make_forward(bm, bn, p.d, causal,
                                         p.dtype if p.half and pair.half_inputs else dt)
+    stored = bool(p.half and pair.half_storage)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     ptr, stream = arrays.launch_stream(q)
-    d_out = arrays.empty_device((bh, p.nq, p.d), dt, like=q)
+    d_out = arrays.empty_device((bh, p.nq, p.d), p.dtype if stored else dt, like=q)
     d_lse = arrays.empty_device((bh, p.nq), dt, like=q)
     grid = (ceil_div(p.nq, bm), *head_grid(bh))
+    as_stored = (lambda x: x.view(np.uint16)) if stored else (lambda x: _widened(x, p, q, stream))
     with simulator_exclusive():
-        d_q = _widened(arrays.to_device(q, (bh, p.nq, p.d), ptr), p, q, stream)
-        d_k = _widened(arrays.to_device(k, (bhk, p.nk, p.d), ptr), p, q, stream)
-        d_v = _widened(arrays.to_device(v, (bhk, p.nk, p.d), ptr), p, q, stream)
-        launch[grid, threads, stream](d_q, d_k, d_v, d_out, d_lse, dt.type(p.scale),
-                                      p.heads, p.group)
-        d_out = _narrowed(d_out, p, q, stream)
+        d_q = as_stored(arrays.to_device(q, (bh, p.nq, p.d), ptr))
+        d_k = as_stored(arrays.to_device(k, (bhk, p.nk, p.d), ptr))
+        d_v = as_stored(arrays.to_device(v, (bhk, p.nk, p.d), ptr))
+        launch[grid, threads, stream](d_q, d_k, d_v, d_out.view(np.uint16) if stored else d_out,
+                                      d_lse, dt.type(p.scale), p.heads, p.group)
+        if not stored:
+            d_out = _narrowed(d_out, p, q, stream)
     return (arrays.from_device(d_out, p.lead + (p.nq, p.d), q),
             arrays.from_device(d_lse, p.lead + (p.nq,), q))
 
@@ -279,7 +283,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     _check_like("out", out, p.lead + (p.nq, p.d), p, device)
     dt = p.compute_dtype
     _check_like("lse", lse, p.lead + (p.nq,), p, device, dtype=dt)
-    pair = registry.resolve(kernel, p.d, dt)
+    pair = registry.resolve(kernel, p.d, p.dtype)
     bm, bn = _blocks(pair.backward_tiles(p.d, dt, deterministic), block_m, block_n)
     if (block_m, block_n) != (None, None):         # before any launch: the factories' errors
         if pair.check_backward_tiles is not None:

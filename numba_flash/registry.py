@@ -25,7 +25,7 @@ import numpy as np
 from reference.precision import half_format
 
 from .kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
-from .kernels.sm90 import backward as backward_wgmma, forward as forward_wgmma
+from .kernels.sm90 import backward as backward_wgmma, forward as forward_wgmma, forward16
 from .kernels.support import SIMULATOR, SUPPORTED_DTYPES
 
 
@@ -68,6 +68,10 @@ class Pair:
         dtype and run_backward half=True, so that the kernels may skip the products of the
         inputs' zero small parts (they are exact in TF32); False: they get float32 as for
         float32 inputs.
+    half_storage: make_forward takes the half dtype and its kernel reads q, k, v as they are
+        stored (16-bit patterns: uint16 views) and writes out in that format (no widened
+        copies, no narrowing); can_run sees the half dtype itself (other pairs see float32).
+        The backward is run_backward's as for half_inputs.
     """
     name: str
     make_forward: Callable
@@ -81,6 +85,7 @@ class Pair:
     atomic_dq: bool = False
     exact_infinities: bool = True
     half_inputs: bool = False
+    half_storage: bool = False
     summary: str = ""
 
     def accepts(self, kind, block_m, block_n, d, dtype, deterministic=False):
@@ -140,21 +145,23 @@ def kernel_dtype(dtype):
 def resolve(name, d, dtype, device=None):
     """The registered Pair that runs `name` ("auto" or a registered name) for head dim d and
     dtype on `device` (default: this process's), after fallbacks; half dtypes resolve as
-    float32 (kernel_dtype). ValueError for an unknown name or a case nothing can run;
+    float32 (kernel_dtype) except for a pair with half_storage. ValueError for an unknown name or a case nothing can run;
     TypeError for a name that is not a string."""
     if not isinstance(name, str):
         raise TypeError(f"kernel must be a registered name (a str), got {name!r}")
     device = device or current_device()
-    dtype = kernel_dtype(dtype)
+
+    def can_run(pair):
+        return pair.can_run(d, dtype if pair.half_storage else kernel_dtype(dtype), device)
     if name == "auto":
         for candidate in auto_order(device):
-            if candidate in PAIRS and PAIRS[candidate].can_run(d, dtype, device):
+            if candidate in PAIRS and can_run(PAIRS[candidate]):
                 return PAIRS[candidate]
         raise ValueError(f"no registered kernel runs d={d} {np.dtype(dtype)} on {device}")
     if name not in PAIRS:
         raise ValueError(f"unknown kernel {name!r}; registered: {sorted(PAIRS)} (or 'auto')")
     pair, tried = PAIRS[name], []
-    while not pair.can_run(d, dtype, device):
+    while not can_run(pair):
         tried.append(pair.name)
         if pair.fallback is None or pair.fallback in tried:
             raise ValueError(f"kernel {name!r} cannot run d={d} {np.dtype(dtype)} on {device} "
@@ -176,8 +183,9 @@ def tile_choices(name, kind, d, dtype, candidates, deterministic=False):
     """The (block_m, block_n) of `candidates` that the pair resolved for (d, dtype) accepts
     for `kind` ("forward" or "backward"): what the property tests draw from."""
     pair = resolve(name, d, dtype)
-    return [t for t in candidates
-            if pair.accepts(kind, *t, d, kernel_dtype(dtype), deterministic)]
+    # a half_storage forward takes the half dtype itself; every backward the kernels' dtype
+    dt = dtype if pair.half_storage and kind == "forward" else kernel_dtype(dtype)
+    return [t for t in candidates if pair.accepts(kind, *t, d, dt, deterministic)]
 
 
 # --- the registered pairs ------------------------------------------------------------------
@@ -234,3 +242,13 @@ register(Pair(
     fallback="fa2", fixed_tiles=True, atomic_dq=True, exact_infinities=False, half_inputs=True,
     summary="Hopper warpgroup products (wgmma), 3xTF32 (2 products a step for half inputs): "
             "float32, float16, bfloat16, d <= 128, sm_90"))
+register(Pair(
+    "wgmma16", forward16.make_forward_kernel, backward_wgmma.run_backward,
+    lambda d, dtype: forward16.tiles(d),
+    lambda d, dtype, det: backward_wgmma.tiles(d),
+    backward_wgmma.check_tiles, can_run=lambda d, dtype, device: (
+        bool(half_format(dtype)) and 1 <= d <= 128 and device in ("sm_90", "simulator")),
+    fallback="wgmma", fixed_tiles=True, atomic_dq=True, exact_infinities=False,
+    half_inputs=True, half_storage=True,
+    summary="Hopper wgmma on 16-bit products: the forward reads float16 / bfloat16 as stored, "
+            "P rounded to them (FlashAttention's rounding); wgmma's backward; d <= 128, sm_90"))

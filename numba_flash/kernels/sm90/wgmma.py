@@ -120,7 +120,7 @@ SCRATCH = 2 * GATHER + 2 * QUAD  # floats of shared memory a warpgroup's exchang
 if SIMULATOR:
     _turns = threading.local()
 
-    def _buffer(kind):
+    def exchange_buffer(kind):
         """0, 1, 0, 1, ...: this thread's next buffer of `kind` (a new block, new threads)."""
         n = getattr(_turns, kind, 0)
         setattr(_turns, kind, n + 1)
@@ -129,7 +129,7 @@ if SIMULATOR:
     @cuda.jit(device=True)
     def _quad_values(sm, at, x):
         tid = cuda.threadIdx.x % WARPGROUP
-        base = at + 2 * GATHER + _buffer("quad") * QUAD
+        base = at + 2 * GATHER + exchange_buffer("quad") * QUAD
         sm[base + tid] = x
         cuda.syncthreads()
         b = base + tid - tid % 4
@@ -431,7 +431,7 @@ def products(n, KA, KB, exact=None):
             sequences per step, into one of the two gather buffers at sm[scratch:] (step x's
             64 rows x 8 at x * 1024, big then small); one barrier; returns where."""
             warp, lane = (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32
-            at = scratch + _buffer("gather") * GATHER
+            at = scratch + exchange_buffer("gather") * GATHER
             for x, (big, small) in enumerate(fragments):
                 for e in range(4):
                     r, k = a_fragment_index(e, warp, lane)

@@ -1,0 +1,279 @@
+"""Hopper warpgroup products on 16-bit operands (wgmma, sm_90a): bfloat16 or float16 inputs,
+products exact, sums in float32 on the tensor core, one product where 3xTF32 (wgmma.py) issues
+three. Used by sm90/forward16.py (the "wgmma16" pair's forward).
+
+Layout. A 16-bit operand in shared memory is K-major, in core matrices of 8 rows x 16 bytes
+(8 x 8 elements), as wgmma.py's TF32 tiles are (no swizzling): element (r, k) of a rows x K
+tile sits at `core_offset16(r, k, K)` elements,
+
+    ((r // 8) * (K // 8) + k // 8) * 64 + (r % 8) * 8 + k % 8,
+
+its descriptor has LBO = 128 bytes (the next core matrix along K) and SBO = 16 K bytes (the
+next 8 rows), and a k16 step spans two core matrices along K: step s starts 256 s bytes
+further (16 s in the descriptor's address field, which counts 16-byte units).
+
+    mma_ss(sh, a_at, b_at)      A B^T, A (64 x K) and B (n x K) 16-bit tiles at element
+                                offsets a_at, b_at of the shared array sh, K // 16 steps
+                                chained in a fresh accumulator, one wait: a tuple of n / 2
+                                float32, entry j at wgmma.position(j, warp, lane).
+    mma_rs(sh, sm, acc, a, b_at, scratch)
+                                acc += A B^T with A from registers: a, a local uint32 array of
+                                4 K / 16 entries, step s's fragment at 4 s.. (a_fragment16),
+                                each the two 16-bit values of its (row, k), (row, k + 1), the
+                                lower k in the low half (pack_half2); acc a local float32
+                                array of n / 2 entries, accumulated in the tensor core.
+    pack_half2(lo, hi)          two float32 rounded to the format (nearest even) in one uint32.
+
+On the simulator (no warpgroup-wide instructions) each thread computes its own entries with
+NumPy: the exact sum (float64) of the exact products, rounded to float32 once (the tensor
+core's own order of additions is not modelled), added to acc for mma_rs. A register A operand
+goes through `wgmma.SCRATCH` floats of the float32 view `sm` of shared memory at `scratch`
+(one barrier per product; unused on a GPU), as wgmma.py's register operands do.
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda, float32, types, uint32, uint64
+
+from reference.precision import HALF_FORMATS, round_half
+
+from ..support import SIMULATOR, device_function
+from .wgmma import GATHER, WARPGROUP
+
+STEP16 = 16        # contraction per wgmma for 16-bit operands (K)
+CORE16 = 64        # elements per core matrix (8 rows x 8)
+
+
+def core_offset16_host(r, k, K):
+    """core_offset16 in NumPy (r, k arrays of indices; K the tile's contraction length)."""
+    r, k = np.asarray(r), np.asarray(k)
+    return ((r // 8) * (K // 8) + k // 8) * CORE16 + (r % 8) * 8 + k % 8
+
+
+@device_function
+def core_offset16(r, k, K):
+    """Element offset of (r, k) of a K-major 16-bit tile with K columns (see the module)."""
+    return ((r // 8) * (K // 8) + k // 8) * CORE16 + (r % 8) * 8 + k % 8
+
+
+@device_function
+def a_fragment16(e, warp, lane):
+    """(row, k) in the 64 x 16 A operand of a step of word e (0-3) of the register fragment
+    that thread `lane` of warp `warp` passes; the word holds k and k + 1: rows g and g + 8 of
+    the warp's 16 (e odd: g + 8), k = 2t (e < 2) or 2t + 8 (mma.m16n8k16's A fragment). So the
+    accumulator entries 8 s .. 8 s + 7 of a 64 x n product (wgmma.position) are, packed in
+    pairs, word by word the A fragment of step s of a product over its n columns."""
+    g, t = lane // 4, lane % 4
+    return warp * 16 + g + 8 * (e % 2), 2 * t + 8 * (e // 2)
+
+
+def _check(fmt, n, K):
+    if fmt not in HALF_FORMATS:
+        raise ValueError(f"fmt must be one of {HALF_FORMATS}, got {fmt!r}")
+    if n % 8 or not 8 <= n <= 256 or K % STEP16 or K <= 0:
+        raise ValueError(f"16-bit wgmma products need n in 8..256 in steps of 8 and a "
+                         f"contraction length that is a multiple of {STEP16}, got n={n}, K={K}")
+
+
+if SIMULATOR:
+    from .wgmma import exchange_buffer
+
+    def decode_host(bits, fmt):
+        """float32 values of 16-bit patterns (uint16 array) in format fmt."""
+        bits = np.asarray(bits, np.uint16)
+        if fmt == "bfloat16":
+            return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return bits.view(np.float16).astype(np.float32)
+
+    def encode_host(x, fmt):
+        """uint16 patterns of float32 x rounded to fmt (nearest even)."""
+        r = round_half(np.asarray(x, np.float32), fmt)
+        if fmt == "bfloat16":
+            return (r.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+        with np.errstate(over="ignore"):
+            return r.astype(np.float16).view(np.uint16)
+
+    def _entries(regs, warp, lane):
+        g, t = lane // 4, lane % 4
+        j = np.arange(regs)
+        return warp * 16 + g + 8 * ((j % 4) // 2), (j // 4) * 8 + 2 * t + j % 2
+
+    @functools.lru_cache(maxsize=None)
+    def make_pack_half2(fmt):
+        @device_function
+        def pack_half2(lo, hi):
+            b = encode_host(np.array([lo, hi], np.float32), fmt).astype(np.uint32)
+            return np.uint32(b[0] | (b[1] << np.uint32(16)))
+        return pack_half2
+
+    @functools.lru_cache(maxsize=None)
+    def products16(n, KA, KB, fmt):
+        """dict(mma_ss=..., mma_rs=...) for a 64 x n block of 16-bit products in format fmt:
+        mma_ss with A 64 x KA and B n x KA tiles, mma_rs with a register A 64 x KB and B an
+        n x KB tile (see the module)."""
+        _check(fmt, n, KA)
+        _check(fmt, n, KB)
+        regs = n // 2
+
+        @cuda.jit(device=True)
+        def mma_ss(sh, a_at, b_at):
+            r, c = _entries(regs, (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32)
+            k = np.arange(KA)
+            a = decode_host(sh[a_at + core_offset16_host(r[:, None], k, KA)], fmt)
+            b = decode_host(sh[b_at + core_offset16_host(c[:, None], k, KA)], fmt)
+            exact = (a.astype(np.float64) * b.astype(np.float64)).sum(axis=1)
+            return tuple(float32(x) for x in exact.astype(np.float32))
+
+        @cuda.jit(device=True)
+        def mma_rs(sh, sm, acc, a, b_at, scratch):
+            warp, lane = (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32
+            # the warpgroup's A (64 x KB floats) through a gather buffer, one barrier
+            at = scratch + exchange_buffer("gather") * GATHER
+            for s in range(KB // STEP16):
+                for e in range(4):
+                    row, k = a_fragment16(e, warp, lane)
+                    word = np.uint32(a[4 * s + e])
+                    pair = decode_host(np.array([word & 0xFFFF, word >> 16], np.uint16), fmt)
+                    sm[at + row * KB + STEP16 * s + k] = pair[0]
+                    sm[at + row * KB + STEP16 * s + k + 1] = pair[1]
+            cuda.syncthreads()
+            r, c = _entries(regs, warp, lane)
+            k = np.arange(KB)
+            av = sm[at + r[:, None] * KB + k].astype(np.float64)
+            bv = decode_host(sh[b_at + core_offset16_host(c[:, None], k, KB)], fmt)
+            exact = (av * bv.astype(np.float64)).sum(axis=1)
+            for j in range(regs):
+                acc[j] = float32(np.float64(acc[j]) + exact[j])
+        return dict(mma_ss=mma_ss, mma_rs=mma_rs, regs=regs)
+else:
+    from llvmlite import ir
+    from numba.cuda.extending import intrinsic
+
+    from .wgmma import shared_address
+
+    _CVT = {"bfloat16": "cvt.rn.bf16x2.f32", "float16": "cvt.rn.f16x2.f32"}
+    _PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
+
+    @functools.lru_cache(maxsize=None)
+    def make_pack_half2(fmt):
+        """pack_half2(lo, hi) -> uint32: lo and hi rounded to fmt, lo in the low half."""
+        # cvt.rn.{bf16,f16}x2.f32 d, a, b puts a in the upper half, b in the lower
+        text = f"{_CVT[fmt]} $0, $2, $1;"
+
+        @intrinsic
+        def pack_half2(typingctx, lo, hi):
+            if lo != types.float32 or hi != types.float32:
+                return None
+
+            def codegen(context, builder, sig, args):
+                fn = ir.FunctionType(ir.IntType(32), [ir.FloatType(), ir.FloatType()])
+                return builder.call(ir.InlineAsm(fn, text, "=r,f,f"), list(args))
+            return types.uint32(lo, hi), codegen
+        return pack_half2
+
+    def _ss_intrinsic(n, steps, fmt):
+        """A B^T over `steps` k16 steps, both operands by descriptor (step 0's; step s adds
+        16 s), chained in a fresh accumulator (scale-d false on the first), one wait."""
+        regs = n // 2
+        t = _PTX_TYPE[fmt]
+        lines = ["{", ".reg .pred p;", ".reg .b64 ad, bd;",
+                 f"setp.ne.b32 p, ${regs + 2}, 0;", "wgmma.fence.sync.aligned;"]
+        acc = "{" + ", ".join(f"${i}" for i in range(regs)) + "}"
+        for s in range(steps):
+            lines += [f"add.s64 ad, ${regs}, {16 * s};", f"add.s64 bd, ${regs + 1}, {16 * s};",
+                      f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {acc}, ad, bd, "
+                      f"{'p' if s == 0 else '1'}, 1, 1, 0, 0;"]
+        lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+        text = "\n".join(lines)
+        constraints = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)])
+        result = types.UniTuple(types.float32, regs)
+
+        def codegen(context, builder, sig, llargs):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
+                                 [ir.IntType(64)] * 2 + [i32] + [f32] * regs)
+            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
+            res = builder.call(asm, list(llargs) + [ir.Constant(i32, 0)]
+                               + [ir.Constant(f32, 0.0)] * regs)
+            return context.make_tuple(builder, result, [builder.extract_value(res, i)
+                                                        for i in range(regs)])
+
+        @intrinsic
+        def mma(typingctx, a_desc, b_desc):
+            if a_desc != types.uint64 or b_desc != types.uint64:
+                return None
+            return result(a_desc, b_desc), codegen
+        return mma
+
+    def _rs_intrinsic(n, steps, fmt):
+        """acc += A B^T over `steps` k16 steps, A from registers (a local uint32 array, 4 words
+        a step), B by descriptor (step 0's; step s adds 16 s), accumulated in the tensor core
+        into acc (a local float32 array of n / 2, read and written back), one wait."""
+        regs = n // 2
+        n_a = 4 * steps
+        t = _PTX_TYPE[fmt]
+        lines = ["{", ".reg .b64 bd;", "wgmma.fence.sync.aligned;"]
+        acc = "{" + ", ".join(f"${i}" for i in range(regs)) + "}"
+        for s in range(steps):
+            a = "{" + ", ".join(f"${regs + 4 * s + i}" for i in range(4)) + "}"
+            lines += [f"add.s64 bd, ${regs + n_a}, {16 * s};",
+                      f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {acc}, {a}, bd, "
+                      f"1, 1, 1, 0;"]
+        lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+        text = "\n".join(lines)
+        constraints = ",".join(["=f"] * regs + ["r"] * n_a + ["l"]
+                               + [str(i) for i in range(regs)])
+
+        def codegen(context, builder, sig, llargs):
+            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
+                                 [i32] * n_a + [i64] + [f32] * regs)
+            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
+            acc_data = context.make_array(sig.args[0])(context, builder, llargs[0]).data
+            a_data = context.make_array(sig.args[1])(context, builder, llargs[1]).data
+            # constant indices: the arrays stay in registers once inlined
+            acc_ptrs = [builder.gep(acc_data, [ir.Constant(i64, i)]) for i in range(regs)]
+            words = [builder.load(builder.gep(a_data, [ir.Constant(i64, i)]))
+                     for i in range(n_a)]
+            res = builder.call(asm, words + [llargs[2]]
+                               + [builder.load(p) for p in acc_ptrs])
+            for i, p in enumerate(acc_ptrs):
+                builder.store(builder.extract_value(res, i), p)
+            return context.get_dummy_value()
+
+        @intrinsic
+        def mma(typingctx, acc, a, b_desc):
+            if not (isinstance(acc, types.Array) and acc.dtype == types.float32
+                    and isinstance(a, types.Array) and a.dtype == types.uint32
+                    and b_desc == types.uint64):
+                return None
+            return types.void(acc, a, b_desc), codegen
+        return mma
+
+    @functools.lru_cache(maxsize=None)
+    def products16(n, KA, KB, fmt):
+        """dict(mma_ss=..., mma_rs=...) for a 64 x n block of 16-bit products in format fmt:
+        mma_ss with A 64 x KA and B n x KA tiles, mma_rs with a register A 64 x KB and B an
+        n x KB tile (see the module)."""
+        _check(fmt, n, KA)
+        _check(fmt, n, KB)
+        ss = _ss_intrinsic(n, KA // STEP16, fmt)
+        rs = _rs_intrinsic(n, KB // STEP16, fmt)
+        lbo = uint64(128) >> 4
+        sbo_a, sbo_b = uint64(16 * KA) >> 4, uint64(16 * KB) >> 4
+
+        @cuda.jit(device=True)
+        def descriptor(base, at, sbo):
+            addr = base + uint32(2 * at)            # at: a 16-bit element offset
+            return uint64((addr & 0x3FFFF) >> 4) | (lbo << 16) | (sbo << 32)
+
+        @cuda.jit(device=True)
+        def mma_ss(sh, a_at, b_at):
+            base = shared_address(sh)
+            return ss(descriptor(base, a_at, sbo_a), descriptor(base, b_at, sbo_a))
+
+        @cuda.jit(device=True)
+        def mma_rs(sh, sm, acc, a, b_at, scratch):
+            rs(acc, a, descriptor(shared_address(sh), b_at, sbo_b))
+        return dict(mma_ss=mma_ss, mma_rs=mma_rs, regs=n // 2)
