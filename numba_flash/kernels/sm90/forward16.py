@@ -36,6 +36,7 @@ from .wgmma16 import make_pack_half2, products16
 
 D_MAX = 128          # head dims up to this; zero-padded to 64 or 128
 LOADS = 8            # words a thread loads before it stores them (staging)
+P_WORDS = REGS // 2  # P's register A fragments: its 32 entries, two to a word
 
 
 def tiles(d):
@@ -117,7 +118,7 @@ def make_kernel(D, causal, fmt):
     @inlined_device_function
     def pack_p(p_regs, s_acc):
         """P's register A fragments for P V: entries 2w, 2w + 1 rounded into word w."""
-        for w in range(REGS // 2):
+        for w in range(P_WORDS):
             p_regs[w] = pack(s_acc[2 * w], s_acc[2 * w + 1])
 
     @kernel_jit(WARPGROUP)
@@ -139,7 +140,7 @@ def make_kernel(D, causal, fmt):
         i0, i1 = row0 + row, row0 + row + U(8)
         s_acc = cuda.local.array(REGS, float32)          # S, then P
         o_acc = cuda.local.array(O_REGS, float32)        # O, unnormalized
-        p_regs = cuda.local.array(REGS // 2, uint32)     # P rounded, two to a word
+        p_regs = cuda.local.array(P_WORDS, uint32)       # P rounded, two to a word
         m = cuda.local.array(2, float32)
         l = cuda.local.array(2, float32)
         m_safe = cuda.local.array(2, float32)

@@ -1,0 +1,155 @@
+"""kernels/sm90/wgmma16.py and forward16.py (the "wgmma16" pair's forward): the 16-bit
+core-matrix layout, the register A fragment that S's accumulator becomes, the products on
+integer inputs (exact: the same answer on the simulator's model and on the tensor core), and
+the forward against float64 truth within the half tolerance, simulator and GPU."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from numba import cuda, float32, uint16, uint32
+
+from numba_flash import flash_attention_forward
+from numba_flash.kernels.sm90 import forward16, wgmma, wgmma16
+from numba_flash.kernels.support import ALIGN, SIMULATOR
+from numba_flash.testing.tolerance import assert_within_tolerance, check_forward
+
+FORMATS = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
+
+def host(f):
+    """The Python function behind a device function (the function itself on the simulator)."""
+    return getattr(f, "py_func", f)
+
+
+def test_core_offset16_is_a_permutation_with_core_matrices_of_8_rows_by_16_bytes():
+    rows, K = 64, 32
+    r, k = np.meshgrid(np.arange(rows), np.arange(K), indexing="ij")
+    off = wgmma16.core_offset16_host(r, k, K)
+    assert sorted(off.ravel()) == list(range(rows * K))
+    assert (off[:8, :8] == np.arange(64).reshape(8, 8)).all()   # 8 rows of 8 elements
+    assert off[0, 8] == 64 and off[8, 0] == 64 * (K // 8)       # along K, then along rows
+
+
+def test_s_accumulator_pairs_are_the_register_a_fragment_of_p_v():
+    # forward16.pack_p packs entries 2w, 2w + 1 of S's accumulator into word w; word 4 s + e
+    # must be element (row, 16 s + k), (row, 16 s + k + 1) of step s's A fragment
+    position, fragment = host(wgmma.position), host(wgmma16.a_fragment16)
+    for warp in range(4):
+        for lane in range(32):
+            for w in range(forward16.P_WORDS):
+                s, e = divmod(w, 4)
+                row, k = fragment(e, warp, lane)
+                assert position(2 * w, warp, lane) == (row, 16 * s + k)
+                assert position(2 * w + 1, warp, lane) == (row, 16 * s + k + 1)
+
+
+def test_products16_reject_shapes_wgmma_lacks():
+    with pytest.raises(ValueError, match="multiple of 16"):
+        wgmma16.products16(64, 24, 64, "bfloat16")
+    with pytest.raises(ValueError, match="fmt must be one of"):
+        wgmma16.products16(64, 64, 64, "float32")
+
+
+def product_kernel(n, K, fmt):
+    """D = A B^T (mma_ss) and E = C + A2 B^T (mma_rs, A2 from registers) by one warpgroup on
+    16-bit patterns: A, A2 (64 x K), B (n x K); C, D, E (64 x n) float32."""
+    prod = wgmma16.products16(n, K, K, fmt)
+    ss, rs, regs = prod["mma_ss"], prod["mma_rs"], prod["regs"]
+    pack = wgmma16.make_pack_half2(fmt)
+    A_AT, B_AT = 0, 64 * K
+    WORDS = 4 * (K // 16)
+    NBYTES = 2 * (64 * K + n * K) + (4 * wgmma.SCRATCH if SIMULATOR else 0)
+    SCRATCH_AT = (64 * K + n * K) // 2
+
+    @cuda.jit
+    def product(A, A2, B, C, D, E):
+        sh = cuda.shared.array(0, uint16, alignment=ALIGN)
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        for i in range(tid, 64 * K, 128):
+            sh[A_AT + wgmma16.core_offset16(i // K, i % K, K)] = A[i // K, i % K]
+        for i in range(tid, n * K, 128):
+            sh[B_AT + wgmma16.core_offset16(i // K, i % K, K)] = B[i // K, i % K]
+        wgmma.fence_proxy_async()
+        cuda.syncthreads()
+        d = ss(sh, A_AT, B_AT)
+        a = cuda.local.array(WORDS, uint32)
+        for w in range(WORDS):
+            s, e = w // 4, w % 4
+            row, k = wgmma16.a_fragment16(e, warp, lane)
+            lo = A2[row, 16 * s + k]
+            hi = A2[row, 16 * s + k + 1]
+            a[w] = pack(lo, hi)
+        acc = cuda.local.array(regs, float32)
+        for j in range(regs):
+            r, c = wgmma.position(j, warp, lane)
+            acc[j] = C[r, c]
+        rs(sh, sm, acc, a, B_AT, SCRATCH_AT)
+        for j in range(regs):
+            r, c = wgmma.position(j, warp, lane)
+            D[r, c] = d[j]
+            E[r, c] = acc[j]
+    return product, NBYTES
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("n,K", [(64, 64), (128, 64), (64, 128)])
+def test_products16_on_integers_are_exact(fmt, n, K):
+    # integers |x| <= 8: every product and sum exact in float32, so the tensor core, whatever
+    # its order of additions, and the model give A B^T exactly; a wrong layout, descriptor or
+    # fragment gives other numbers
+    rng = np.random.default_rng(n + K)
+    A, A2 = (rng.integers(-8, 9, (64, K)).astype(np.float32) for _ in range(2))
+    B = rng.integers(-8, 9, (n, K)).astype(np.float32)
+    C = rng.integers(-100, 101, (64, n)).astype(np.float32)
+    bits = lambda x: x.astype(FORMATS[fmt]).view(np.uint16)         # noqa: E731
+    D = np.full((64, n), np.nan, np.float32)
+    E = np.full((64, n), np.nan, np.float32)
+    kernel, nbytes = product_kernel(n, K, fmt)
+    kernel[1, 128, 0, nbytes](bits(A), A2, bits(B), C, D, E)
+    np.testing.assert_array_equal(D, A @ B.T)
+    np.testing.assert_array_equal(E, C + A2 @ B.T)
+
+
+def test_wgmma16_forward_rejects_what_it_cannot_take():
+    with pytest.raises(ValueError, match="float16 and bfloat16"):
+        forward16.make_forward_kernel(64, 64, 64, False, np.dtype(np.float32))
+    with pytest.raises(ValueError, match="head dims 1..128"):
+        forward16.make_forward_kernel(64, 64, 129, False, np.dtype(np.float16))
+    with pytest.raises(ValueError, match="fixed tiles"):
+        forward16.make_forward_kernel(128, 64, 64, False, np.dtype(np.float16))
+
+
+def _check(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0):
+    rng = np.random.default_rng(seed)
+    dt = FORMATS[fmt]
+    q = (rng.standard_normal(shape_q) * scale_logits).astype(dt)
+    k, v = (rng.standard_normal(shape_k).astype(dt) for _ in range(2))
+    out, lse = flash_attention_forward(q, k, v, causal=causal, kernel="wgmma16")
+    assert out.dtype == dt and lse.dtype == np.float32
+    assert_within_tolerance(check_forward(q, k, v, out, lse, causal=causal))
+
+
+# simulator sizes: a head dim in each padding (64, 128), Nq != Nk, GQA, masked rows (causal,
+# Nq > Nk), more than one K/V block
+SMALL = [((1, 2, 70, 40), (1, 2, 50, 40), True), ((1, 4, 33, 100), (1, 2, 80, 100), False),
+         ((2, 1, 9, 16), (2, 1, 130, 16), True)]
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("shape_q,shape_k,causal", SMALL)
+def test_wgmma16_forward_within_the_half_tolerance(fmt, shape_q, shape_k, causal):
+    _check(fmt, shape_q, shape_k, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("shape_q,shape_k,causal,logits", [
+    ((2, 4, 1000, 64), (2, 4, 1000, 64), False, 1.0),
+    ((2, 4, 1000, 64), (2, 2, 1500, 64), True, 1.0),
+    ((1, 4, 777, 128), (1, 4, 513, 128), True, 1.0),
+    ((1, 2, 1024, 96), (1, 2, 1024, 96), False, 30.0),
+])
+def test_gpu_wgmma16_forward_within_the_half_tolerance(fmt, shape_q, shape_k, causal, logits):
+    _check(fmt, shape_q, shape_k, causal, scale_logits=logits)
