@@ -17,6 +17,7 @@ device strings: "simulator", or "sm_XY" for a GPU of compute capability X.Y.
 """
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
@@ -128,11 +129,12 @@ def variant(name, base, **changes):
 
 
 def auto_order(device):
-    """The pairs "auto" tries, fastest first. On an sm_90 GPU the Hopper pair (1.3-1.6x fa2 in
-    forward+backward on the H200, docs/performance.md); elsewhere fa2. On the simulator fa2
-    as well: there the Hopper pair's tensor-core products are NumPy models, several times
-    slower than fa2's FFMA loops."""
-    return ("wgmma", "fa2") if device == "sm_90" else ("fa2",)
+    """The pairs "auto" tries, fastest first. On an sm_90 GPU the Hopper pairs: wgmma16 for
+    half inputs (its forward 1.6-2.3x wgmma's, forward+backward 1.1-1.2x, on the H200 in
+    bfloat16), wgmma for float32 (1.3-1.6x fa2 in forward+backward; docs/performance.md);
+    elsewhere fa2. On the simulator fa2 as well: there the Hopper pairs' tensor-core products
+    are NumPy models, several times slower than fa2's FFMA loops."""
+    return ("wgmma16", "wgmma", "fa2") if device == "sm_90" else ("fa2",)
 
 
 def kernel_dtype(dtype):
@@ -140,6 +142,13 @@ def kernel_dtype(dtype):
     bfloat16: the API widens them on the device and rounds the results back; no registered
     pair has half products yet), else dtype itself."""
     return np.dtype(np.float32) if half_format(dtype) else np.dtype(dtype)
+
+
+def runs_itself(pair, d, dtype, device):
+    """True when `pair` itself (no fallback) runs head dim d on `dtype` inputs on `device`:
+    its can_run asked with the kernels' dtype (float32 for half inputs), or with the half
+    dtype itself for a pair with half_storage."""
+    return pair.can_run(d, dtype if pair.half_storage else kernel_dtype(dtype), device)
 
 
 def resolve(name, d, dtype, device=None):
@@ -150,9 +159,7 @@ def resolve(name, d, dtype, device=None):
     if not isinstance(name, str):
         raise TypeError(f"kernel must be a registered name (a str), got {name!r}")
     device = device or current_device()
-
-    def can_run(pair):
-        return pair.can_run(d, dtype if pair.half_storage else kernel_dtype(dtype), device)
+    can_run = functools.partial(runs_itself, d=d, dtype=dtype, device=device)
     if name == "auto":
         for candidate in auto_order(device):
             if candidate in PAIRS and can_run(PAIRS[candidate]):

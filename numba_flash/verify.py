@@ -3,8 +3,8 @@ lse) over a fixed set of cases (testing.cases), in every dtype the API takes (fl
 bfloat16, float32, float64), against truth.
 
 By default the pairs `flash_attention_forward`/`flash_attention_backward` run here with
-kernel="auto" (registry.resolve per case and dtype: on an H200 wgmma for float32 and half d <= 128, fa2
-otherwise); `kernels=` names pairs, `all_pairs=True` takes every registered one. Truth in
+kernel="auto" (registry.resolve per case and dtype: on an H200 with d <= 128 wgmma for
+float32 and wgmma16 for the half dtypes, fa2 otherwise); `kernels=` names pairs, `all_pairs=True` takes every registered one. Truth in
 float64 (that of float32 kernels) is computed on the GPU when CuPy or torch can
 (testing.truth), under the same tolerance rule (testing.tolerance). On a GPU with the disk
 cache on, the plan's kernels are first compiled in parallel processes (precompile.py)."""
@@ -121,7 +121,10 @@ def _compiled_as(pair, dtype):
     """The dtype whose kernels cover `pair` on `dtype` inputs. Half inputs run float32 kernels
     (registry.kernel_dtype): the float32 inputs' own for most pairs, compiled once; for a pair
     with half_inputs, kernels of their own, one set for both half formats (they differ only in
-    the conversion kernels, which compile in the caller's process): compiled as float16."""
+    the conversion kernels, which compile in the caller's process): compiled as float16; for
+    a pair with half_storage, kernels of each half format."""
+    if registry.PAIRS[pair].half_storage and registry.half_format(dtype):
+        return dtype
     if registry.PAIRS[pair].half_inputs and registry.half_format(dtype):
         return "float16"
     return registry.kernel_dtype(dtype).name

@@ -127,6 +127,10 @@ def test_auto_picks_the_fastest_pair_that_can_run():
                                    ("sm_90", 128, np.float32, "wgmma"),
                                    ("sm_90", 129, np.float32, "fa2"),
                                    ("sm_90", 64, np.float64, "fa2"),
+                                   ("sm_90", 64, "bfloat16", "wgmma16"),
+                                   ("sm_90", 128, "float16", "wgmma16"),
+                                   ("sm_90", 129, "float16", "fa2"),
+                                   ("simulator", 64, "bfloat16", "fa2"),
                                    ("sm_80", 64, np.float32, "fa2"),
                                    ("simulator", 64, np.float32, "fa2")):
         assert registry.resolve("auto", d, dtype, device).name == name, (device, d, dtype)

@@ -29,9 +29,14 @@ def test_default_checks_what_auto_runs_in_every_dtype(capsys):
                                                       ("bwd", ("dq", "dk", "dv")))
                                   for out in outs)
     assert "what kernel='auto' runs here" in captured.out
-    assert (f"checked: {auto['float32']} (bfloat16 on 1 cases, float16 on 1 cases, float32 on 1 "
-            f"cases, float64 on 1 cases)") in captured.out
-    assert "1 cases, 1 pair, 20 rows: all passed in" in captured.out
+    ran = {}                                    # pair -> the dtypes it ran (one pair or more)
+    for dt, name in auto.items():
+        ran.setdefault(name, []).append(dt)
+    for name, dts in ran.items():
+        assert (f"{name} (" + ", ".join(f"{dt} on 1 cases" for dt in sorted(dts)) + ")"
+                in captured.out), captured.out
+    assert (f"1 cases, {len(ran)} pair{'' if len(ran) == 1 else 's'}, 20 rows: all passed in"
+            in captured.out)
     assert "pair" in captured.err                  # the progress bar, on stderr
 
 
@@ -73,12 +78,13 @@ def test_usage_errors_exit_two(capsys):
 
 
 def test_default_plan_follows_auto_per_case_and_dtype():
-    # on an H200 (sm_90): the Hopper pair in float32 and the half dtypes (widened to float32)
-    # up to d = 128, fa2 past it and in float64
+    # on an H200 (sm_90): the Hopper pairs up to d = 128, wgmma in float32 and wgmma16 in the
+    # half dtypes; fa2 past it and in float64
     steps = plan(GPU_CASES, device="sm_90")
     assert len(steps) == 4 * len(GPU_CASES)
     for st in steps:
-        want = "wgmma" if st.dtype != "float64" and st.case.d <= 128 else "fa2"
+        hopper = "wgmma" if st.dtype == "float32" else "wgmma16"
+        want = hopper if st.dtype != "float64" and st.case.d <= 128 else "fa2"
         assert st.pairs == (want,), (st.case, st.dtype)
     assert {st.pairs for st in plan(GPU_CASES, device="sm_80")} == {("fa2",)}
     # --kernel wgmma in float64 runs its fallback, and a name nothing runs is skipped
@@ -120,6 +126,9 @@ def test_half_inputs_compile_ahead_as_the_kernels_they_run():
     assert verify._compiled_as("fa2", "float64") == "float64"
     assert verify._compiled_as("wgmma", "bfloat16") == verify._compiled_as("wgmma", "float16")
     assert verify._compiled_as("wgmma", "float16") != verify._compiled_as("wgmma", "float32")
+    # wgmma16's forward is made for each half format
+    assert verify._compiled_as("wgmma16", "bfloat16") == "bfloat16"
+    assert verify._compiled_as("wgmma16", "float16") == "float16"
 
 
 @pytest.mark.gpu
@@ -127,7 +136,6 @@ def test_gpu_verify_compiles_ahead_into_an_empty_cache(tmp_path, monkeypatch, ca
     monkeypatch.setenv("NUMBA_FLASH_CACHE_DIR", str(tmp_path / "cache"))
     assert verify.main(False, case_names=["causal", "d = 1"]) == 0
     out = capsys.readouterr().out
-    # per case: wgmma float32, wgmma's half kernels (float16 and bfloat16 share them), fa2
-    # float64
-    assert "compiled ahead: 6 of 6 (pair, d, causal, dtype) configurations" in out, out
+    # per case: wgmma float32, wgmma16 bfloat16 and float16, fa2 float64
+    assert "compiled ahead: 8 of 8 (pair, d, causal, dtype) configurations" in out, out
     assert any((tmp_path / "cache").rglob("*.nbi"))

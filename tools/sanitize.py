@@ -56,7 +56,7 @@ def main(names=(), dtypes=("float32", "float64")):
             q, k, v, dout = case.inputs(dtype)
             for pair in pairs:
                 label = f"{pair.name} {case} {np.dtype(dtype).name}"
-                if not pair.can_run(case.d, registry.kernel_dtype(dtype), device):
+                if not registry.runs_itself(pair, case.d, dtype, device):
                     print(f"{label}: skipped (the pair cannot run it on {device})", flush=True)
                     continue
                 t0 = time.perf_counter()
