@@ -3,19 +3,23 @@
 import pytest
 from hypothesis import Phase
 
+from numba_flash.kernels.support import SIMULATOR
 from numba_flash.testing import campaign, mutants
+from numba_flash.testing.strategies import REGIMES
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the NaN a mutant makes on the simulator
 @pytest.mark.parametrize("name", sorted(mutants.MUTANTS))
 def test_property_suite_catches_mutant(name):
     mutant = mutants.MUTANTS[name]
+    if mutant.simulator_only and not SIMULATOR:
+        pytest.skip("the edit is in the simulator's model of an instruction the GPU runs")
     with mutants.registered(name) as kernel:
         with pytest.raises(AssertionError, match="FAIL"):
             # no shrinking: finding one failing example is the point, and fast
             campaign.search(mutant.prop, kernel, mutant.size,
                             max_examples=40, derandomize=True, phases=[Phase.generate],
-                            print_blob=False)
+                            print_blob=False, regimes=mutant.regimes or REGIMES)
 
 
 def test_every_mutant_edits_the_current_source():
@@ -25,7 +29,7 @@ def test_every_mutant_edits_the_current_source():
 
 def test_unmutated_kernels_pass_the_same_search():
     # the control: the same search on the real kernels finds nothing
-    for prop, kernel, size in (("forward agrees", "rowwise", "simulator"),
+    for prop, kernel, size, *regimes in (("forward agrees", "rowwise", "simulator"),
                                ("forward agrees", "tiled", "simulator"),
                                ("forward agrees", "fa2", "simulator"),
                                ("forward agrees", "wgmma", "simulator"),
@@ -34,13 +38,16 @@ def test_unmutated_kernels_pass_the_same_search():
                                ("backward agrees", "wgmma", "simulator"),
                                ("backward agrees", "wgmma", "simulator-wide"),
                                ("forward agrees", "wgmma", "simulator-blocks"),
+                               ("forward agrees", "wgmma16", "simulator"),
+                               ("forward agrees", "wgmma16", "simulator-blocks"),
+                               ("forward agrees", "wgmma16", "simulator", ("large v",)),
                                ("non-finite inputs (forward)", "rowwise", "simulator")):
         campaign.search(prop, kernel, size, max_examples=2, derandomize=True,
-                        phases=[Phase.generate])
+                        phases=[Phase.generate], regimes=regimes[0] if regimes else REGIMES)
 
 
 def test_every_family_has_mutants():
     bases = {m.base for m in mutants.MUTANTS.values()}
-    assert bases == {"rowwise", "tiled", "fa2", "wgmma"}, bases
+    assert bases == {"rowwise", "tiled", "fa2", "wgmma", "wgmma16"}, bases
     hopper = {m.kind for m in mutants.MUTANTS.values() if m.base == "wgmma"}
     assert hopper == {"forward", "backward"}

@@ -18,7 +18,7 @@ from ..api import DTYPES, flash_attention_backward, flash_attention_forward
 from ..registry import PAIRS
 from .cases import GPU_CASES, SIMULATOR_CASES, Case
 from .properties import PROPERTIES
-from .strategies import Problem, problems
+from .strategies import REGIMES, Problem, problems
 from .tolerance import backward_truth, check_backward, check_forward, forward_truth
 
 
@@ -39,7 +39,7 @@ def applies(prop, kernel):
 
 
 def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="auto",
-           should_stop=None, dtypes=DTYPES, **settings_kw):
+           should_stop=None, dtypes=DTYPES, regimes=REGIMES, **settings_kw):
     """Run Hypothesis on one property for one kernel. Failing examples raise AssertionError
     (with the comparison report) unless raise_on_failure is False; every outcome is passed to
     on_outcome. tiles: draw tile sizes for "forward" or "backward" from what the kernel
@@ -48,7 +48,8 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     the examples run so far stand; such a search reports nothing itself, Verbosity.quiet:
     Hypothesis would take the stop for an error and print a seed to reproduce it).
     dtypes: the input dtypes to draw from (default every one the API takes; those the pair
-    cannot run are left out). settings_kw override the loaded profile (max_examples)."""
+    cannot run are left out). regimes: the logit regimes to draw from (strategies.REGIMES).
+    settings_kw override the loaded profile (max_examples)."""
     from .. import registry
     func, kind, prop_tiles = PROPERTIES[prop]
     if tiles == "auto":
@@ -59,7 +60,8 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     if not dtypes:
         raise ValueError(f"kernel {kernel!r} runs none of the dtypes asked for")
 
-    @given(problems(size=size, dtypes=dtypes, tiles=(kernel, tiles) if tiles else None))
+    @given(problems(size=size, dtypes=dtypes, regimes=regimes,
+                    tiles=(kernel, tiles) if tiles else None))
     def run(p):
         if should_stop is not None and should_stop():
             raise _Stop                 # not an Exception: Hypothesis lets it through at once

@@ -32,6 +32,13 @@ class Mutant:
     # strategies.SIZES: "simulator-wide" for the d > 64 kernels, "simulator-blocks" for what
     # shows only past the Hopper family's first 64 keys
     size: str = SIM
+    # the edit is in a simulator model of a tensor-core instruction (wgmma16's), so only the
+    # simulator runs the mutant; on a GPU the instruction itself runs, unedited
+    simulator_only: bool = False
+    # the regimes the search draws (None: all): for a mutant that only one regime exposes by
+    # design (O held in float16 errs within the half tolerance until it overflows, which is
+    # what "large v" is for; a short derandomized search may not draw it, a fuzz run does)
+    regimes: tuple = None
 
 
 _R = "forward agrees"
@@ -83,6 +90,27 @@ MUTANTS = {m.name: m for m in (
            "stage = make_stage(False, per_warpgroup=True, chain_permuted=True)",
            "stage = make_stage(False, per_warpgroup=True, chain_permuted=False)", _B, "wgmma",
            size="simulator-wide"),
+    # the 16-bit forward (sm90.forward16): S scaled after its product, P packed two keys to a
+    # register, O rescaled in the tensor core's accumulator; and what a careless half kernel
+    # does, holding S or O in float16 (wgmma's .f16 accumulators: S past 65504 is inf, the
+    # unnormalized O sums up to Nk values of |v|), edited into the simulator's model of the
+    # products (wgmma16.py)
+    Mutant("S not scaled (wgmma16)", "forward", "sm90.forward16",
+           "s_acc[j] = s[j] * scale", "s_acc[j] = s[j]", _R, "wgmma16"),
+    Mutant("P's keys swapped in pairs (wgmma16)", "forward", "sm90.forward16",
+           "p_regs[w] = pack(s_acc[2 * w], s_acc[2 * w + 1])",
+           "p_regs[w] = pack(s_acc[2 * w + 1], s_acc[2 * w])", _R, "wgmma16"),
+    Mutant("O not rescaled (wgmma16)", "forward", "sm90.forward16",
+           "o_acc[j] *= alpha[(j % 4) // 2]", "o_acc[j] *= float32(1.0)", _R, "wgmma16",
+           size="simulator-blocks"),
+    Mutant("S held in float16 (wgmma16)", "forward", "sm90.wgmma16",
+           "return tuple(float32(x) for x in exact.astype(np.float32))",
+           "return tuple(float32(x) for x in exact.astype(np.float16))", _R, "wgmma16",
+           via="sm90.forward16", simulator_only=True),
+    Mutant("O accumulated in float16 (wgmma16)", "forward", "sm90.wgmma16",
+           "acc[j] = float32(np.float64(acc[j]) + exact[j])",
+           "acc[j] = float32(np.float16(np.float64(acc[j]) + exact[j]))", _R, "wgmma16",
+           via="sm90.forward16", simulator_only=True, regimes=("large v",)),
 )}
 
 
