@@ -298,15 +298,17 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     d_dk = arrays.empty_device(ks, dt, like=q)
     d_dv = arrays.empty_device(ks, dt, like=q)
     ptr, stream = arrays.launch_stream(q)
+    # a half_storage pair takes the half inputs as stored (16-bit patterns) and their format
+    stored = bool(p.half and pair.half_storage)
+    as_stored = (lambda x: x.view(np.uint16)) if stored else (lambda x: _widened(x, p, q, stream))
+    extra = {"fmt": p.half} if stored else {"half": True} if p.half and pair.half_inputs else {}
     with arrays.allocating_like(q), simulator_exclusive():   # workspace from q's pool too
-        wide = [_widened(arrays.to_device(x, shape, ptr), p, q, stream)
-                for x, shape in ((dout, qs), (q, qs), (k, ks), (v, ks))]
-        d_out = _widened(arrays.to_device(out, qs, ptr), p, q, stream)
-        pair.run_backward(*wide, arrays.to_device(lse, (bh, p.nq), ptr), d_out,
+        d_dout, d_q, d_k, d_v, d_out = (as_stored(arrays.to_device(x, shape, ptr)) for x, shape
+                                        in ((dout, qs), (q, qs), (k, ks), (v, ks), (out, qs)))
+        pair.run_backward(d_dout, d_q, d_k, d_v, arrays.to_device(lse, (bh, p.nq), ptr), d_out,
                           d_dq, d_dk, d_dv, scale=p.scale,
                           heads=p.heads, group=p.group, causal=causal, block_m=bm,
-                          block_n=bn, deterministic=deterministic, stream=stream,
-                          **({"half": True} if p.half and pair.half_inputs else {}))
+                          block_n=bn, deterministic=deterministic, stream=stream, **extra)
         d_dq, d_dk, d_dv = (_narrowed(g, p, q, stream) for g in (d_dq, d_dk, d_dv))
     return (arrays.from_device(d_dq, arrays.shape_of(q), q),
             arrays.from_device(d_dk, arrays.shape_of(k), q),

@@ -26,7 +26,8 @@ import numpy as np
 from reference.precision import half_format
 
 from .kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
-from .kernels.sm90 import backward as backward_wgmma, forward as forward_wgmma, forward16
+from .kernels.sm90 import backward as backward_wgmma, backward16, forward as forward_wgmma
+from .kernels.sm90 import forward16
 from .kernels.support import SIMULATOR, SUPPORTED_DTYPES
 
 
@@ -71,8 +72,9 @@ class Pair:
         float32 inputs.
     half_storage: make_forward takes the half dtype and its kernel reads q, k, v as they are
         stored (16-bit patterns: uint16 views) and writes out in that format (no widened
-        copies, no narrowing); can_run sees the half dtype itself (other pairs see float32).
-        The backward is run_backward's as for half_inputs.
+        copies, no narrowing); run_backward gets dout, q, k, v, out so too, and fmt=
+        ("float16" or "bfloat16"; dq, dk, dv float32 as ever); can_run sees the half dtype
+        itself (other pairs see float32).
     """
     name: str
     make_forward: Callable
@@ -250,12 +252,12 @@ register(Pair(
     summary="Hopper warpgroup products (wgmma), 3xTF32 (2 products a step for half inputs): "
             "float32, float16, bfloat16, d <= 128, sm_90"))
 register(Pair(
-    "wgmma16", forward16.make_forward_kernel, backward_wgmma.run_backward,
+    "wgmma16", forward16.make_forward_kernel, backward16.run_backward,
     lambda d, dtype: forward16.tiles(d),
     lambda d, dtype, det: backward_wgmma.tiles(d),
     backward_wgmma.check_tiles, can_run=lambda d, dtype, device: (
         bool(half_format(dtype)) and 1 <= d <= 128 and device in ("sm_90", "simulator")),
     fallback="wgmma", fixed_tiles=True, atomic_dq=True, exact_infinities=False,
     half_inputs=True, half_storage=True,
-    summary="Hopper wgmma on 16-bit products: the forward reads float16 / bfloat16 as stored, "
-            "P rounded to them (FlashAttention's rounding); wgmma's backward; d <= 128, sm_90"))
+    summary="Hopper wgmma on 16-bit products: float16 / bfloat16 read as stored, P and dS "
+            "rounded to them (FlashAttention's rounding); d <= 128, sm_90"))

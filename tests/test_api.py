@@ -79,7 +79,7 @@ def test_unknown_kernel_and_blocks_that_cannot_fit():
     with pytest.raises(ValueError, match="block_n a multiple of 4"):
         flash_attention_forward(*qkv(), block_m=16, block_n=6, kernel="fa2")
     with pytest.raises(ValueError, match="block_m must be an integer"):
-        flash_attention_forward(*qkv(), block_m=0)
+        flash_attention_forward(*qkv(), block_m=0, kernel="fa2")
 
 
 def test_backward_checks_out_and_lse():

@@ -15,8 +15,8 @@ launchers the pairs call (so a variant this file does not name is not compiled):
       dq        the deterministic dQ pass, lean and wide (vector and scalar loads), causal both;
       each also as its half-input variant (label "... half": the products of the half
       inputs' zero small parts not issued);
-    sm90 forward16 (the "wgmma16" pair's forward): d = 64 and 128, bfloat16 and float16,
-      causal both;
+    sm90 forward16 and backward16 (the "wgmma16" pair: its forward, its dK/dV kernel): d = 64
+      and 128, bfloat16 and float16, causal both;
     fa2 (float32, default tiles, d = 64 and 128, not causal):
       forward, the backward's dK/dV kernel with dq_atomic=True (as run_backward configures it),
       and the deterministic path's dK/dV and dQ kernels.
@@ -62,6 +62,7 @@ from numba_flash.kernels import backward_fa2, forward_fa2  # noqa: E402
 from numba_flash.kernels.sm90 import backward as sm90_backward  # noqa: E402
 from numba_flash.kernels.sm90 import dq as sm90_dq  # noqa: E402
 from numba_flash.kernels.sm90 import forward as sm90_forward  # noqa: E402
+from numba_flash.kernels.sm90 import backward16 as sm90_backward16  # noqa: E402
 from numba_flash.kernels.sm90 import forward16 as sm90_forward16  # noqa: E402
 from numba_flash.kernels.support import DynamicSharedKernel  # noqa: E402
 from numba_flash.kernels.vector_io import AlignedDispatch  # noqa: E402
@@ -69,6 +70,8 @@ from numba_flash.kernels.vector_io import AlignedDispatch  # noqa: E402
 A3, A2 = types.Array(float32, 3, "C"), types.Array(float32, 2, "C")
 H3 = types.Array(types.uint16, 3, "C")          # 16-bit patterns (the wgmma16 forward)
 FORWARD16_ARGS = (H3, H3, H3, H3, A2, float32, int64, int64)
+# (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group)
+DKDV16_ARGS = (H3, H3, H3, H3, A2, A2, A3, A3, A3, float32, int64, int64)
 # (q, k, v, out, lse, scale, heads, group)
 FORWARD_ARGS = (A3, A3, A3, A3, A2, float32, int64, int64)
 # (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group)
@@ -122,6 +125,10 @@ def kernels():
         for label, kernel in _dispatchers(f"sm90 forward16 d={d} {fmt} causal={causal}",
                                           launcher):
             yield label, kernel, FORWARD16_ARGS
+        launcher, _ = sm90_backward16.make_dkdv_kernel(d, causal, fmt)
+        for label, kernel in _dispatchers(f"sm90 backward16 d={d} {fmt} causal={causal}",
+                                          launcher):
+            yield label, kernel, DKDV16_ARGS
     for d in (64, 128):
         bm, bn = forward_fa2.default_blocks(d, F32)
         launcher, _ = forward_fa2.make_forward_kernel(bm, bn, d, False, F32)

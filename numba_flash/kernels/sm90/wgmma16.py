@@ -23,6 +23,7 @@ further (16 s in the descriptor's address field, which counts 16-byte units).
                                 lower k in the low half (pack_half2); acc a local float32
                                 array of n / 2 entries, accumulated in the tensor core.
     pack_half2(lo, hi)          two float32 rounded to the format (nearest even) in one uint32.
+    unpack_half(bits)           the float32 value of a 16-bit pattern (uint32, low half).
 
 On the simulator (no warpgroup-wide instructions) each thread computes its own entries with
 NumPy: the exact sum (float64) of the exact products, rounded to float32 once (the tensor
@@ -108,6 +109,13 @@ if SIMULATOR:
         return pack_half2
 
     @functools.lru_cache(maxsize=None)
+    def make_unpack_half(fmt):
+        @device_function
+        def unpack_half(bits):
+            return float32(decode_host(np.array([np.uint32(bits) & 0xFFFF], np.uint16), fmt)[0])
+        return unpack_half
+
+    @functools.lru_cache(maxsize=None)
     def products16(n, KA, KB, fmt):
         """dict(mma_ss=..., mma_rs=...) for a 64 x n block of 16-bit products in format fmt:
         mma_ss with A 64 x KA and B n x KA tiles, mma_rs with a register A 64 x KB and B an
@@ -171,6 +179,26 @@ else:
                 return builder.call(ir.InlineAsm(fn, text, "=r,f,f"), list(args))
             return types.uint32(lo, hi), codegen
         return pack_half2
+
+    # a bfloat16 is the high half of a float32; a float16 converts exactly
+    _UNPACK = {"bfloat16": "shl.b32 $0, $1, 16;",
+               "float16": "{ .reg .b16 h; cvt.u16.u32 h, $1; cvt.f32.f16 $0, h; }"}
+
+    @functools.lru_cache(maxsize=None)
+    def make_unpack_half(fmt):
+        """unpack_half(bits: uint32) -> float32: the value of the 16-bit pattern in the low half."""
+        text = _UNPACK[fmt]
+
+        @intrinsic
+        def unpack_half(typingctx, bits):
+            if bits != types.uint32:
+                return None
+
+            def codegen(context, builder, sig, args):
+                fn = ir.FunctionType(ir.FloatType(), [ir.IntType(32)])
+                return builder.call(ir.InlineAsm(fn, text, "=f,r"), list(args))
+            return types.float32(bits), codegen
+        return unpack_half
 
     def _ss_intrinsic(n, steps, fmt):
         """A B^T over `steps` k16 steps, both operands by descriptor (step 0's; step s adds

@@ -1,0 +1,221 @@
+"""The Hopper backward on 16-bit inputs (wgmma, sm_90a): bfloat16 or float16 q, k, v, dO, O
+read as stored, the five products on the tensor core in that format (sums in float32), P and
+dS rounded to the format before they multiply (FlashAttention's rounding); the "wgmma16"
+pair's backward (registry.py), after its forward (sm90/forward16.py).
+
+    preprocess          D = rowsum(dO * O) in float32, one thread per row; dq zeroed.
+    dK/dV kernel        one warpgroup per K/V block of 64 keys, over the query heads that share
+                        its key head and their Q blocks (rows i):
+      S^T = K Q^T       wgmma m64n64k16 (M = the keys, as FlashAttention's backward has it, so
+                        that P^T and dS^T come out as register A operands), then scaled in
+                        float32 as the forward scales S: the same products, the forward's
+                        S bit for bit up to the tensor core's order of additions
+      dP^T = V dO^T
+      P = exp(S - lse_i), dS = P (dP - D_i)   (float32; 0 where masked)
+      dV += P^T dO      A = P^T rounded and packed (wgmma16.a_fragment16), B = dO^T staged
+      dK += dS^T Q      A = dS^T likewise, B = Q^T staged; dK times scale at the end
+      dQ += dS K        dS written to shared memory (queries as rows), B = K^T staged; in two
+                        halves of 64 head-dim columns, times scale, added into dq (float32)
+                        with atomics
+dK and dV are summed in registers over every Q block and head of the group and stored once
+(float32; the API rounds them to the inputs' format).
+
+deterministic=True (no atomics) runs wgmma's widened backward instead (registry.py).
+"""
+
+import functools
+
+import numpy as np
+from numba import cuda, float32, uint16, uint32
+
+from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, ceil_div, head_grid,
+                       head_index, inlined_device_function, kernel_jit, make_recompute_p,
+                       simulator_launch, simulator_switch_interval)
+from .forward16 import make_stage16
+from .operands import BLOCK, REGS
+from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, position
+from .wgmma16 import core_offset16, make_pack_half2, make_unpack_half, products16
+
+P_WORDS = REGS // 2         # a 64 x 64 accumulator rounded, two entries to a word
+HALF_D = 64                 # dQ's head-dim columns per product
+
+
+@functools.lru_cache(maxsize=None)
+def make_preprocess(fmt):
+    """(kernel, threads): grid (ceil(Nq / 128), B*H); arguments (dout, out, D, dq): D[bh, i] =
+    sum_c dO[bh, i, c] O[bh, i, c] in float32 from 16-bit patterns, dq[bh, i, :] = 0."""
+    unpack = make_unpack_half(fmt)
+
+    @kernel_jit(WARPGROUP)
+    def preprocess16(dout, out, D, dq):
+        bh = head_index()
+        if bh >= out.shape[0]:
+            return
+        i = U(cuda.blockIdx.x) * U(WARPGROUP) + U(cuda.threadIdx.x)
+        if i >= U(out.shape[1]):
+            return
+        acc = float32(0.0)
+        for c in range(out.shape[2]):
+            acc += unpack(U(dout[bh, i, c])) * unpack(U(out[bh, i, c]))
+            dq[bh, i, c] = float32(0.0)
+        D[bh, i] = acc
+    return simulator_launch(preprocess16), WARPGROUP
+
+
+@functools.lru_cache(maxsize=None)
+def make_dkdv_kernel(D, causal, fmt):
+    """The dK/dV kernel for head dims up to D (64 or 128): grid (ceil(Nk / 64), B*Hk), 128
+    threads, arguments (q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group): q, k, v,
+    dout (B*H or B*Hk, N, d) uint16 patterns of `fmt`, lse and Dsum (B*H, Nq) float32, dk, dv
+    (B*Hk, Nk, d) and dq (B*H, Nq, d) float32 (dq zeroed: added into). Returns (kernel,
+    threads)."""
+    if D not in (64, 128):
+        raise ValueError(f"D must be 64 or 128, got {D}")
+    # 16-bit element offsets: K, V, K^T once; Q, Q^T, dO, dO^T, dS per Q block
+    K_AT, V_AT, KT_AT = 0, BLOCK * D, 2 * BLOCK * D
+    Q_AT, QT_AT, DO_AT, DOT_AT = 3 * BLOCK * D, 4 * BLOCK * D, 5 * BLOCK * D, 6 * BLOCK * D
+    DS_AT = 7 * BLOCK * D
+    ELEMENTS = 7 * BLOCK * D + BLOCK * BLOCK
+    SCRATCH_AT = ELEMENTS // 2                                # floats
+    NBYTES = 2 * ELEMENTS + (4 * SCRATCH if SIMULATOR else 0)
+    ACC = D // 2                                              # dK's and dV's entries
+    score = products16(BLOCK, D, BLOCK, fmt)["mma_ss"]       # 64 keys x 64 queries, K = D
+    grad = products16(D, D, BLOCK, fmt)["mma_rs"]            # 64 keys x D, K = 64 queries
+    dq_half = products16(HALF_D, BLOCK, BLOCK, fmt)["mma_ss"]  # 64 queries x 64, K = 64 keys
+    rows_by_d = make_stage16(BLOCK, D, False)                 # Q, K, V, dO: tokens x head dim
+    d_by_rows = make_stage16(D, BLOCK, True)                  # their transposes
+    pack = make_pack_half2(fmt)
+    recompute_p = make_recompute_p(float32, causal)
+    uBM = U(BLOCK)
+
+    @inlined_device_function
+    def add_dq(dq, part, bh, m0, c0, warp, lane, nq, d, scale):
+        """dq[bh, m0 + row, c0 + col] += scale * part (a 64 x 64 accumulator), atomically."""
+        for jj in range(REGS):
+            r, c = position(jj, warp, lane)
+            i = m0 + U(r)
+            c = c0 + U(c)
+            if i < nq and c < d:
+                cuda.atomic.add(dq, (bh, i, c), part[jj] * scale)
+
+    @kernel_jit(WARPGROUP)
+    def dkdv16(q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group):
+        sh = cuda.shared.array(0, uint16, alignment=ALIGN)
+        sh32 = cuda.shared.array(0, uint32, alignment=ALIGN)
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        kvh = head_index()
+        if kvh >= k.shape[0]:
+            return
+        hk = U(kvh)
+        tid = U(cuda.threadIdx.x)
+        warp, lane = tid // U(32), tid % U(32)
+        n0 = U(cuda.blockIdx.x) * uBM                 # this block's keys n0 .. n0 + 63
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        j0, j1 = n0 + row, n0 + row + U(8)            # this thread's keys (accumulator rows)
+        st = cuda.local.array(REGS, float32)          # S^T, then P^T
+        dpt = cuda.local.array(REGS, float32)         # dP^T, then dS^T
+        words = cuda.local.array(P_WORDS, uint32)     # P^T, then dS^T, rounded and packed
+        dk_acc = cuda.local.array(ACC, float32)
+        dv_acc = cuda.local.array(ACC, float32)
+        for j in range(ACC):
+            dk_acc[j] = float32(0.0)
+            dv_acc[j] = float32(0.0)
+        rows_by_d(sh32, U(K_AT), k, hk, n0, d)
+        rows_by_d(sh32, U(V_AT), v, hk, n0, d)
+        d_by_rows(sh32, U(KT_AT), k, hk, n0, d)
+        # the query heads of this key head: b * heads + (hk % (heads / group)) * group + t
+        heads_k = U(heads) // U(group)
+        first_head = (hk // heads_k) * U(heads) + (hk % heads_k) * U(group)
+        m_start = U(0)
+        if causal and n0 + nq > nk:     # query i sees key j iff j + nq <= i + nk
+            m_start = ((n0 + nq - nk) // uBM) * uBM
+        for t in range(group):
+            bh = first_head + U(t)
+            m0 = m_start
+            while m0 < nq:
+                cuda.syncthreads()                    # the last Q block's tiles are read
+                rows_by_d(sh32, U(Q_AT), q, bh, m0, d)
+                d_by_rows(sh32, U(QT_AT), q, bh, m0, d)
+                rows_by_d(sh32, U(DO_AT), dout, bh, m0, d)
+                d_by_rows(sh32, U(DOT_AT), dout, bh, m0, d)
+                fence_proxy_async()
+                cuda.syncthreads()
+
+                s = score(sh, U(K_AT), U(Q_AT))
+                dp = score(sh, U(V_AT), U(DO_AT))
+                for nt in range(REGS // 4):           # entry j: key (row), query (column)
+                    for e in range(4):
+                        jj = 4 * nt + e
+                        i = m0 + U(8 * nt + e % 2) + col_t
+                        key = j1 if e // 2 else j0
+                        lse_i = float32(NEG_INF)
+                        d_i = float32(0.0)
+                        if i < nq:
+                            lse_i = lse[bh, i]
+                            d_i = Dsum[bh, i]
+                        p = recompute_p(s[jj] * scale, lse_i, i, key, nq, nk)
+                        st[jj] = p
+                        dpt[jj] = p * (dp[jj] - d_i)
+                # dV += P^T dO, dK += dS^T Q (A from registers: entries 2w, 2w + 1 -> word w)
+                for w in range(P_WORDS):
+                    words[w] = pack(st[2 * w], st[2 * w + 1])
+                grad(sh, sm, dv_acc, words, U(DOT_AT), U(SCRATCH_AT))
+                for w in range(P_WORDS):
+                    words[w] = pack(dpt[2 * w], dpt[2 * w + 1])
+                grad(sh, sm, dk_acc, words, U(QT_AT), U(SCRATCH_AT))
+                # dS (rows: the queries) into shared memory for dQ = dS K
+                for jj in range(REGS):
+                    r, c = position(jj, warp, lane)
+                    word = pack(dpt[jj], dpt[jj])
+                    sh[U(DS_AT) + core_offset16(U(c), U(r), U(BLOCK))] = uint16(word & U(0xFFFF))
+                fence_proxy_async()
+                cuda.syncthreads()
+                # written out, not a loop: LLVM does not unroll a loop holding a wgmma
+                add_dq(dq, dq_half(sh, U(DS_AT), U(KT_AT)), bh, m0, U(0), warp, lane, nq, d,
+                       scale)
+                if D > HALF_D:
+                    add_dq(dq, dq_half(sh, U(DS_AT), U(KT_AT + HALF_D * BLOCK)), bh, m0,
+                           U(HALF_D), warp, lane, nq, d, scale)
+                m0 += uBM
+
+        for jj in range(ACC):
+            key = j1 if (jj % 4) // 2 else j0
+            c = U(8 * (jj // 4) + jj % 2) + col_t
+            if key < nk and c < d:
+                dk[hk, key, c] = dk_acc[jj] * scale
+                dv[hk, key, c] = dv_acc[jj]
+
+    return simulator_launch(DynamicSharedKernel(dkdv16, NBYTES)), WARPGROUP
+
+
+def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal, fmt,
+                 block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0):
+    """The 16-bit backward (registry contract, with the inputs as stored): dout, q, k, v, out
+    (B*H or B*Hk, N, d) uint16 device arrays of `fmt` patterns, lse (B*H, Nq) float32; dq, dk,
+    dv float32 device arrays, written. The preprocess (D, dq zeroed), then the dK/dV kernel
+    adding dQ with atomics, on `stream`. deterministic=True: wgmma's backward on the inputs
+    widened to float32 (its dQ pass has no atomics; this one has no such pass yet)."""
+    from ... import arrays
+    from .. import convert
+    from .backward import check_tiles, run_backward as run_widened
+    check_tiles(block_m, block_n, q.shape[2], np.float32)
+    if deterministic:
+        wide = []
+        for x in (dout, q, k, v, out):
+            w = arrays.empty_device(x.shape, np.float32)
+            convert.widen(x.view(arrays.device_dtype(fmt)), w, fmt, stream)
+            wide.append(w)
+        run_widened(*wide[:4], lse, wide[4], dq, dk, dv, scale=scale, heads=heads, group=group,
+                    causal=causal, deterministic=True, stream=stream, half=True)
+        return
+    bh, nq, d = q.shape
+    bhk, nk, _ = k.shape
+    Dsum = arrays.empty_device((bh, nq), np.float32)
+    pre, threads = make_preprocess(fmt)
+    with simulator_switch_interval():
+        pre[(ceil_div(nq, threads), *head_grid(bh)), threads, stream](dout, out, Dsum, dq)
+        kernel, threads = make_dkdv_kernel(64 if d <= 64 else 128, bool(causal), fmt)
+        kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads, stream](
+            q, k, v, dout, lse, Dsum, dk, dv, dq, np.float32(scale), heads, group)
