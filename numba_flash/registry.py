@@ -131,12 +131,13 @@ def variant(name, base, **changes):
 
 
 def auto_order(device):
-    """The pairs "auto" tries, fastest first. On an sm_90 GPU the Hopper pairs: wgmma16 for
-    half inputs (its forward 1.6-2.3x wgmma's, forward+backward 1.1-1.2x, on the H200 in
-    bfloat16), wgmma for float32 (1.3-1.6x fa2 in forward+backward; docs/performance.md);
-    elsewhere fa2. On the simulator fa2 as well: there the Hopper pairs' tensor-core products
-    are NumPy models, several times slower than fa2's FFMA loops."""
-    return ("wgmma16", "wgmma", "fa2") if device == "sm_90" else ("fa2",)
+    """The pairs "auto" tries, fastest first. On an sm_90 GPU the Hopper pairs: for half
+    inputs wgmma16-tf32bwd (wgmma16's forward, 1.7-2.5x wgmma's; wgmma's backward, 1.2-1.9x
+    wgmma16's own today: on the H200 in bfloat16), for float32 wgmma (1.3-1.6x fa2 in
+    forward+backward; docs/performance.md); elsewhere fa2. On the simulator fa2 as well:
+    there the Hopper pairs' tensor-core products are NumPy models, several times slower than
+    fa2's FFMA loops."""
+    return ("wgmma16-tf32bwd", "wgmma", "fa2") if device == "sm_90" else ("fa2",)
 
 
 def kernel_dtype(dtype):
@@ -251,13 +252,21 @@ register(Pair(
     fallback="fa2", fixed_tiles=True, atomic_dq=True, exact_infinities=False, half_inputs=True,
     summary="Hopper warpgroup products (wgmma), 3xTF32 (2 products a step for half inputs): "
             "float32, float16, bfloat16, d <= 128, sm_90"))
+def _hopper16(d, dtype, device):
+    return bool(half_format(dtype)) and 1 <= d <= 128 and device in ("sm_90", "simulator")
+
+
 register(Pair(
     "wgmma16", forward16.make_forward_kernel, backward16.run_backward,
-    lambda d, dtype: forward16.tiles(d),
-    lambda d, dtype, det: backward_wgmma.tiles(d),
-    backward_wgmma.check_tiles, can_run=lambda d, dtype, device: (
-        bool(half_format(dtype)) and 1 <= d <= 128 and device in ("sm_90", "simulator")),
-    fallback="wgmma", fixed_tiles=True, atomic_dq=True, exact_infinities=False,
-    half_inputs=True, half_storage=True,
-    summary="Hopper wgmma on 16-bit products: float16 / bfloat16 read as stored, P and dS "
-            "rounded to them (FlashAttention's rounding); d <= 128, sm_90"))
+    lambda d, dtype: forward16.tiles(d), lambda d, dtype, det: backward_wgmma.tiles(d),
+    backward_wgmma.check_tiles, can_run=_hopper16, fallback="wgmma", fixed_tiles=True,
+    atomic_dq=True, exact_infinities=False, half_inputs=True, half_storage=True,
+    summary="Hopper wgmma on 16-bit products, forward and backward: float16 / bfloat16 read "
+            "as stored, P and dS rounded to them (FlashAttention's rounding); d <= 128, sm_90"))
+register(Pair(
+    "wgmma16-tf32bwd", forward16.make_forward_kernel, backward16.run_widened,
+    lambda d, dtype: forward16.tiles(d), lambda d, dtype, det: backward_wgmma.tiles(d),
+    backward_wgmma.check_tiles, can_run=_hopper16, fallback="wgmma", fixed_tiles=True,
+    atomic_dq=True, exact_infinities=False, half_inputs=True, half_storage=True,
+    summary="wgmma16's forward, then wgmma's backward (3xTF32, 2 products a step) on the "
+            "inputs widened to float32: the fastest half pair on the H200 today"))

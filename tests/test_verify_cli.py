@@ -83,7 +83,7 @@ def test_default_plan_follows_auto_per_case_and_dtype():
     steps = plan(GPU_CASES, device="sm_90")
     assert len(steps) == 4 * len(GPU_CASES)
     for st in steps:
-        hopper = "wgmma" if st.dtype == "float32" else "wgmma16"
+        hopper = "wgmma" if st.dtype == "float32" else "wgmma16-tf32bwd"
         want = hopper if st.dtype != "float64" and st.case.d <= 128 else "fa2"
         assert st.pairs == (want,), (st.case, st.dtype)
     assert {st.pairs for st in plan(GPU_CASES, device="sm_80")} == {("fa2",)}
@@ -126,7 +126,7 @@ def test_half_inputs_compile_ahead_as_the_kernels_they_run():
     assert verify._compiled_as("fa2", "float64") == "float64"
     assert verify._compiled_as("wgmma", "bfloat16") == verify._compiled_as("wgmma", "float16")
     assert verify._compiled_as("wgmma", "float16") != verify._compiled_as("wgmma", "float32")
-    # wgmma16's forward is made for each half format
+    # wgmma16's kernels are made for each half format
     assert verify._compiled_as("wgmma16", "bfloat16") == "bfloat16"
     assert verify._compiled_as("wgmma16", "float16") == "float16"
 
@@ -136,6 +136,6 @@ def test_gpu_verify_compiles_ahead_into_an_empty_cache(tmp_path, monkeypatch, ca
     monkeypatch.setenv("NUMBA_FLASH_CACHE_DIR", str(tmp_path / "cache"))
     assert verify.main(False, case_names=["causal", "d = 1"]) == 0
     out = capsys.readouterr().out
-    # per case: wgmma float32, wgmma16 bfloat16 and float16, fa2 float64
+    # per case: wgmma float32, wgmma16-tf32bwd bfloat16 and float16, fa2 float64
     assert "compiled ahead: 8 of 8 (pair, d, causal, dtype) configurations" in out, out
     assert any((tmp_path / "cache").rglob("*.nbi"))

@@ -90,7 +90,7 @@ MUTANTS = {m.name: m for m in (
            "stage = make_stage(False, per_warpgroup=True, chain_permuted=True)",
            "stage = make_stage(False, per_warpgroup=True, chain_permuted=False)", _B, "wgmma",
            size="simulator-wide"),
-    # the 16-bit forward (sm90.forward16): S scaled after its product, P packed two keys to a
+    # the 16-bit pair (sm90.forward16): S scaled after its product, P packed two keys to a
     # register, O rescaled in the tensor core's accumulator; and what a careless half kernel
     # does, holding S or O in float16 (wgmma's .f16 accumulators: S past 65504 is inf, the
     # unnormalized O sums up to Nk values of |v|), edited into the simulator's model of the
@@ -111,6 +111,12 @@ MUTANTS = {m.name: m for m in (
            "acc[j] = float32(np.float64(acc[j]) + exact[j])",
            "acc[j] = float32(np.float16(np.float64(acc[j]) + exact[j]))", _R, "wgmma16",
            via="sm90.forward16", simulator_only=True, regimes=("large v",)),
+    # the 16-bit backward (sm90.backward16)
+    Mutant("D left out of dS (wgmma16)", "backward", "sm90.backward16",
+           "dpt[jj] = p * (dp[jj] - d_i)", "dpt[jj] = p * dp[jj]", _B, "wgmma16"),
+    Mutant("dQ added without scale (wgmma16)", "backward", "sm90.backward16",
+           "cuda.atomic.add(dq, (bh, i, c), part[jj] * scale)",
+           "cuda.atomic.add(dq, (bh, i, c), part[jj])", _B, "wgmma16"),
 )}
 
 
@@ -148,7 +154,7 @@ def _part(mutant, mod):
     """The pair field the mutant replaces, from the edited module."""
     if mutant.kind == "forward":
         return dict(make_forward=mod.make_forward_kernel)
-    if mutant.base == "wgmma":
+    if mutant.base in ("wgmma", "wgmma16"):
         return dict(run_backward=mod.run_backward)
     if mutant.base == "fa2":
         def run(*args, deterministic, **kw):

@@ -20,7 +20,9 @@ pair's backward (registry.py), after its forward (sm90/forward16.py).
 dK and dV are summed in registers over every Q block and head of the group and stored once
 (float32; the API rounds them to the inputs' format).
 
-deterministic=True (no atomics) runs wgmma's widened backward instead (registry.py).
+deterministic=True (no atomics) runs wgmma's widened backward instead (run_widened, which is
+also the "wgmma16-tf32bwd" pair's backward: on the H200 faster than this one today,
+docs/performance.md).
 """
 
 import functools
@@ -31,6 +33,7 @@ from numba import cuda, float32, uint16, uint32
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, ceil_div, head_grid,
                        head_index, inlined_device_function, kernel_jit, make_recompute_p,
                        simulator_launch, simulator_switch_interval)
+from .backward import check_tiles, run_backward as run_tf32
 from .forward16 import make_stage16
 from .operands import BLOCK, REGS
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, position
@@ -198,17 +201,10 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     adding dQ with atomics, on `stream`. deterministic=True: wgmma's backward on the inputs
     widened to float32 (its dQ pass has no atomics; this one has no such pass yet)."""
     from ... import arrays
-    from .. import convert
-    from .backward import check_tiles, run_backward as run_widened
     check_tiles(block_m, block_n, q.shape[2], np.float32)
     if deterministic:
-        wide = []
-        for x in (dout, q, k, v, out):
-            w = arrays.empty_device(x.shape, np.float32)
-            convert.widen(x.view(arrays.device_dtype(fmt)), w, fmt, stream)
-            wide.append(w)
-        run_widened(*wide[:4], lse, wide[4], dq, dk, dv, scale=scale, heads=heads, group=group,
-                    causal=causal, deterministic=True, stream=stream, half=True)
+        run_widened(dout, q, k, v, lse, out, dq, dk, dv, scale=scale, heads=heads, group=group,
+                    causal=causal, fmt=fmt, deterministic=True, stream=stream)
         return
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -219,3 +215,20 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
         kernel, threads = make_dkdv_kernel(64 if d <= 64 else 128, bool(causal), fmt)
         kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads, stream](
             q, k, v, dout, lse, Dsum, dk, dv, dq, np.float32(scale), heads, group)
+
+
+def run_widened(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal, fmt,
+                block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0):
+    """wgmma's backward (3xTF32, two products a step for half values) on the 16-bit inputs
+    widened to float32 on the device: the "wgmma16-tf32bwd" pair's backward, and
+    run_backward's with deterministic=True. Arguments as run_backward's."""
+    from ... import arrays
+    from .. import convert
+    wide = []
+    for x in (dout, q, k, v, out):
+        w = arrays.empty_device(x.shape, np.float32)
+        convert.widen(x.view(arrays.device_dtype(fmt)), w, fmt, stream)
+        wide.append(w)
+    run_tf32(*wide[:4], lse, wide[4], dq, dk, dv, scale=scale, heads=heads, group=group,
+             causal=causal, block_m=block_m, block_n=block_n, deterministic=deterministic,
+             stream=stream, half=True)
