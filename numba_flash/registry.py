@@ -252,21 +252,23 @@ register(Pair(
     fallback="fa2", fixed_tiles=True, atomic_dq=True, exact_infinities=False, half_inputs=True,
     summary="Hopper warpgroup products (wgmma), 3xTF32 (2 products a step for half inputs): "
             "float32, float16, bfloat16, d <= 128, sm_90"))
-def _hopper16(d, dtype, device):
-    return bool(half_format(dtype)) and 1 <= d <= 128 and device in ("sm_90", "simulator")
+def _hopper16_pair(name, run_backward, summary):
+    """A pair of the 16-bit Hopper forward (sm90.forward16) and `run_backward`, which takes
+    the inputs as stored (half_storage): half dtypes, d <= 128, sm_90, else wgmma."""
+    return Pair(
+        name, forward16.make_forward_kernel, run_backward,
+        lambda d, dtype: forward16.tiles(d), lambda d, dtype, det: backward_wgmma.tiles(d),
+        backward_wgmma.check_tiles, can_run=lambda d, dtype, device: (
+            bool(half_format(dtype)) and 1 <= d <= 128 and device in ("sm_90", "simulator")),
+        fallback="wgmma", fixed_tiles=True, atomic_dq=True, exact_infinities=False,
+        half_inputs=True, half_storage=True, summary=summary)
 
 
-register(Pair(
-    "wgmma16", forward16.make_forward_kernel, backward16.run_backward,
-    lambda d, dtype: forward16.tiles(d), lambda d, dtype, det: backward_wgmma.tiles(d),
-    backward_wgmma.check_tiles, can_run=_hopper16, fallback="wgmma", fixed_tiles=True,
-    atomic_dq=True, exact_infinities=False, half_inputs=True, half_storage=True,
-    summary="Hopper wgmma on 16-bit products, forward and backward: float16 / bfloat16 read "
-            "as stored, P and dS rounded to them (FlashAttention's rounding); d <= 128, sm_90"))
-register(Pair(
-    "wgmma16-tf32bwd", forward16.make_forward_kernel, backward16.run_widened,
-    lambda d, dtype: forward16.tiles(d), lambda d, dtype, det: backward_wgmma.tiles(d),
-    backward_wgmma.check_tiles, can_run=_hopper16, fallback="wgmma", fixed_tiles=True,
-    atomic_dq=True, exact_infinities=False, half_inputs=True, half_storage=True,
-    summary="wgmma16's forward, then wgmma's backward (3xTF32, 2 products a step) on the "
-            "inputs widened to float32: the fastest half pair on the H200 today"))
+register(_hopper16_pair(
+    "wgmma16", backward16.run_backward,
+    "Hopper wgmma on 16-bit products, forward and backward: float16 / bfloat16 read as "
+    "stored, P and dS rounded to them (FlashAttention's rounding); d <= 128, sm_90"))
+register(_hopper16_pair(
+    "wgmma16-tf32bwd", backward16.run_widened,
+    "wgmma16's forward, then wgmma's backward (3xTF32, 2 products a step) on the inputs "
+    "widened to float32: the fastest half pair on the H200 today"))
