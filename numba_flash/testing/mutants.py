@@ -113,10 +113,11 @@ MUTANTS = {m.name: m for m in (
            via="sm90.forward16", simulator_only=True, regimes=("large v",)),
     # the 16-bit backward (sm90.backward16)
     Mutant("D left out of dS (wgmma16)", "backward", "sm90.backward16",
-           "dpt[jj] = p * (dp[jj] - d_i)", "dpt[jj] = p * dp[jj]", _B, "wgmma16"),
+           "dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])", "dpt[jj] = p * dp[jj]", _B,
+           "wgmma16"),
     Mutant("dQ added without scale (wgmma16)", "backward", "sm90.backward16",
-           "cuda.atomic.add(dq, (bh, i, c), part[jj] * scale)",
-           "cuda.atomic.add(dq, (bh, i, c), part[jj])", _B, "wgmma16"),
+           "cuda.atomic.add(dq, (bh, i, c), part[4 * nt + e] * scale)",
+           "cuda.atomic.add(dq, (bh, i, c), part[4 * nt + e])", _B, "wgmma16"),
 )}
 
 

@@ -79,8 +79,10 @@ def make_dkdv_kernel(D, causal, fmt):
     Q_AT, QT_AT, DO_AT, DOT_AT = 3 * BLOCK * D, 4 * BLOCK * D, 5 * BLOCK * D, 6 * BLOCK * D
     DS_AT = 7 * BLOCK * D
     ELEMENTS = 7 * BLOCK * D + BLOCK * BLOCK
-    SCRATCH_AT = ELEMENTS // 2                                # floats
-    NBYTES = 2 * ELEMENTS + (4 * SCRATCH if SIMULATOR else 0)
+    LSE_AT = ELEMENTS // 2                # floats: the Q block's lse and D (-inf, 0 past Nq)
+    DSUM_AT = LSE_AT + BLOCK
+    SCRATCH_AT = DSUM_AT + BLOCK                              # the simulator's exchanges
+    NBYTES = 2 * ELEMENTS + 4 * 2 * BLOCK + (4 * SCRATCH if SIMULATOR else 0)
     ACC = D // 2                                              # dK's and dV's entries
     score = products16(BLOCK, D, BLOCK, fmt)["mma_ss"]       # 64 keys x 64 queries, K = D
     grad = products16(D, D, BLOCK, fmt)["mma_rs"]            # 64 keys x D, K = 64 queries
@@ -92,14 +94,72 @@ def make_dkdv_kernel(D, causal, fmt):
     uBM = U(BLOCK)
 
     @inlined_device_function
-    def add_dq(dq, part, bh, m0, c0, warp, lane, nq, d, scale):
-        """dq[bh, m0 + row, c0 + col] += scale * part (a 64 x 64 accumulator), atomically."""
-        for jj in range(REGS):
-            r, c = position(jj, warp, lane)
-            i = m0 + U(r)
-            c = c0 + U(c)
+    def zero(acc, nt):
+        for e in range(4):
+            acc[4 * nt + e] = float32(0.0)
+
+    @inlined_device_function
+    def zero_halves(dk_acc, dv_acc, c0):
+        """Entries of head-dim columns c0 .. c0 + 63 of dK and dV, zeroed."""
+        for nt in range(8):
+            zero(dk_acc, c0 // 8 + nt)
+            zero(dv_acc, c0 // 8 + nt)
+
+    @inlined_device_function
+    def store_dkdv(dk, dv, dk_acc, dv_acc, nt, hk, j0, j1, col_t, nk, d, scale):
+        """dK (times scale) and dV entries 4 nt.. (keys j0, j1; columns 8 nt + col_t + 0, 1)."""
+        for e in range(4):
+            key = j1 if e // 2 else j0
+            c = U(8 * nt + e % 2) + col_t
+            if key < nk and c < d:
+                dk[hk, key, c] = dk_acc[4 * nt + e] * scale
+                dv[hk, key, c] = dv_acc[4 * nt + e]
+
+    # The per-entry work below goes 8 columns (4 entries) per call, each call written out with
+    # a constant group nt: a loop over all 32 entries is not unrolled by LLVM (its body is too
+    # large), and an array or tuple indexed by its counter then lives in local memory (ptxas:
+    # 256 / 768 bytes of stack at d = 64 / 128 before this)
+
+    @inlined_device_function
+    def p_ds(st, dpt, s, dp, nt, sm, m0, col_t, j0, j1, nq, nk, scale):
+        """Entries 4 nt..4 nt + 3 (keys j0, j1; queries m0 + 8 nt + col_t + 0, 1): P^T =
+        exp(S^T - lse) where visible, dS^T = P^T (dP^T - D)."""
+        for e in range(4):
+            jj = 4 * nt + e
+            c = U(8 * nt + e % 2) + col_t
+            p = recompute_p(s[jj] * scale, sm[U(LSE_AT) + c], m0 + c, j1 if e // 2 else j0,
+                            nq, nk)
+            st[jj] = p
+            dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])
+
+    @inlined_device_function
+    def store_ds(sh, dpt, nt, row, col_t):
+        """Entries 4 nt.. of dS^T, rounded, into the dS tile (queries as rows, K-major over
+        the keys), as dQ = dS K's A operand."""
+        for e in range(4):
+            word = pack(dpt[4 * nt + e], dpt[4 * nt + e])
+            sh[U(DS_AT) + core_offset16(U(8 * nt + e % 2) + col_t, row + U(8 * (e // 2)),
+                                        U(BLOCK))] = uint16(word & U(0xFFFF))
+
+    @inlined_device_function
+    def add_dq(dq, part, nt, bh, m0, c0, row, col_t, nq, d, scale):
+        """dq[bh, m0 + row.., c0 + col..] += scale * entries 4 nt.. of part, atomically."""
+        for e in range(4):
+            i = m0 + row + U(8 * (e // 2))
+            c = c0 + U(8 * nt + e % 2) + col_t
             if i < nq and c < d:
-                cuda.atomic.add(dq, (bh, i, c), part[jj] * scale)
+                cuda.atomic.add(dq, (bh, i, c), part[4 * nt + e] * scale)
+
+    @inlined_device_function
+    def add_dq_all(dq, part, bh, m0, c0, row, col_t, nq, d, scale):
+        add_dq(dq, part, 0, bh, m0, c0, row, col_t, nq, d, scale)
+        add_dq(dq, part, 1, bh, m0, c0, row, col_t, nq, d, scale)
+        add_dq(dq, part, 2, bh, m0, c0, row, col_t, nq, d, scale)
+        add_dq(dq, part, 3, bh, m0, c0, row, col_t, nq, d, scale)
+        add_dq(dq, part, 4, bh, m0, c0, row, col_t, nq, d, scale)
+        add_dq(dq, part, 5, bh, m0, c0, row, col_t, nq, d, scale)
+        add_dq(dq, part, 6, bh, m0, c0, row, col_t, nq, d, scale)
+        add_dq(dq, part, 7, bh, m0, c0, row, col_t, nq, d, scale)
 
     @kernel_jit(WARPGROUP)
     def dkdv16(q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group):
@@ -122,9 +182,9 @@ def make_dkdv_kernel(D, causal, fmt):
         words = cuda.local.array(P_WORDS, uint32)     # P^T, then dS^T, rounded and packed
         dk_acc = cuda.local.array(ACC, float32)
         dv_acc = cuda.local.array(ACC, float32)
-        for j in range(ACC):
-            dk_acc[j] = float32(0.0)
-            dv_acc[j] = float32(0.0)
+        zero_halves(dk_acc, dv_acc, 0)
+        if D > HALF_D:
+            zero_halves(dk_acc, dv_acc, HALF_D)
         rows_by_d(sh32, U(K_AT), k, hk, n0, d)
         rows_by_d(sh32, U(V_AT), v, hk, n0, d)
         d_by_rows(sh32, U(KT_AT), k, hk, n0, d)
@@ -143,24 +203,24 @@ def make_dkdv_kernel(D, causal, fmt):
                 d_by_rows(sh32, U(QT_AT), q, bh, m0, d)
                 rows_by_d(sh32, U(DO_AT), dout, bh, m0, d)
                 d_by_rows(sh32, U(DOT_AT), dout, bh, m0, d)
+                if tid < uBM:
+                    i = m0 + tid
+                    sm[U(LSE_AT) + tid] = lse[bh, i] if i < nq else float32(NEG_INF)
+                    sm[U(DSUM_AT) + tid] = Dsum[bh, i] if i < nq else float32(0.0)
                 fence_proxy_async()
                 cuda.syncthreads()
 
                 s = score(sh, U(K_AT), U(Q_AT))
                 dp = score(sh, U(V_AT), U(DO_AT))
-                for nt in range(REGS // 4):           # entry j: key (row), query (column)
-                    for e in range(4):
-                        jj = 4 * nt + e
-                        i = m0 + U(8 * nt + e % 2) + col_t
-                        key = j1 if e // 2 else j0
-                        lse_i = float32(NEG_INF)
-                        d_i = float32(0.0)
-                        if i < nq:
-                            lse_i = lse[bh, i]
-                            d_i = Dsum[bh, i]
-                        p = recompute_p(s[jj] * scale, lse_i, i, key, nq, nk)
-                        st[jj] = p
-                        dpt[jj] = p * (dp[jj] - d_i)
+                # entries: keys (rows) j0, j1; queries (columns) 8 nt + col_t + 0, 1
+                p_ds(st, dpt, s, dp, 0, sm, m0, col_t, j0, j1, nq, nk, scale)
+                p_ds(st, dpt, s, dp, 1, sm, m0, col_t, j0, j1, nq, nk, scale)
+                p_ds(st, dpt, s, dp, 2, sm, m0, col_t, j0, j1, nq, nk, scale)
+                p_ds(st, dpt, s, dp, 3, sm, m0, col_t, j0, j1, nq, nk, scale)
+                p_ds(st, dpt, s, dp, 4, sm, m0, col_t, j0, j1, nq, nk, scale)
+                p_ds(st, dpt, s, dp, 5, sm, m0, col_t, j0, j1, nq, nk, scale)
+                p_ds(st, dpt, s, dp, 6, sm, m0, col_t, j0, j1, nq, nk, scale)
+                p_ds(st, dpt, s, dp, 7, sm, m0, col_t, j0, j1, nq, nk, scale)
                 # dV += P^T dO, dK += dS^T Q (A from registers: entries 2w, 2w + 1 -> word w)
                 for w in range(P_WORDS):
                     words[w] = pack(st[2 * w], st[2 * w + 1])
@@ -169,26 +229,41 @@ def make_dkdv_kernel(D, causal, fmt):
                     words[w] = pack(dpt[2 * w], dpt[2 * w + 1])
                 grad(sh, sm, dk_acc, words, U(QT_AT), U(SCRATCH_AT))
                 # dS (rows: the queries) into shared memory for dQ = dS K
-                for jj in range(REGS):
-                    r, c = position(jj, warp, lane)
-                    word = pack(dpt[jj], dpt[jj])
-                    sh[U(DS_AT) + core_offset16(U(c), U(r), U(BLOCK))] = uint16(word & U(0xFFFF))
+                store_ds(sh, dpt, 0, row, col_t)
+                store_ds(sh, dpt, 1, row, col_t)
+                store_ds(sh, dpt, 2, row, col_t)
+                store_ds(sh, dpt, 3, row, col_t)
+                store_ds(sh, dpt, 4, row, col_t)
+                store_ds(sh, dpt, 5, row, col_t)
+                store_ds(sh, dpt, 6, row, col_t)
+                store_ds(sh, dpt, 7, row, col_t)
                 fence_proxy_async()
                 cuda.syncthreads()
                 # written out, not a loop: LLVM does not unroll a loop holding a wgmma
-                add_dq(dq, dq_half(sh, U(DS_AT), U(KT_AT)), bh, m0, U(0), warp, lane, nq, d,
-                       scale)
+                add_dq_all(dq, dq_half(sh, U(DS_AT), U(KT_AT)), bh, m0, U(0), row, col_t, nq,
+                           d, scale)
                 if D > HALF_D:
-                    add_dq(dq, dq_half(sh, U(DS_AT), U(KT_AT + HALF_D * BLOCK)), bh, m0,
-                           U(HALF_D), warp, lane, nq, d, scale)
+                    add_dq_all(dq, dq_half(sh, U(DS_AT), U(KT_AT + HALF_D * BLOCK)), bh, m0,
+                               U(HALF_D), row, col_t, nq, d, scale)
                 m0 += uBM
 
-        for jj in range(ACC):
-            key = j1 if (jj % 4) // 2 else j0
-            c = U(8 * (jj // 4) + jj % 2) + col_t
-            if key < nk and c < d:
-                dk[hk, key, c] = dk_acc[jj] * scale
-                dv[hk, key, c] = dv_acc[jj]
+        store_dkdv(dk, dv, dk_acc, dv_acc, 0, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, 1, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, 2, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, 3, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, 4, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, 5, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, 6, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, 7, hk, j0, j1, col_t, nk, d, scale)
+        if D > HALF_D:
+            store_dkdv(dk, dv, dk_acc, dv_acc, 8, hk, j0, j1, col_t, nk, d, scale)
+            store_dkdv(dk, dv, dk_acc, dv_acc, 9, hk, j0, j1, col_t, nk, d, scale)
+            store_dkdv(dk, dv, dk_acc, dv_acc, 10, hk, j0, j1, col_t, nk, d, scale)
+            store_dkdv(dk, dv, dk_acc, dv_acc, 11, hk, j0, j1, col_t, nk, d, scale)
+            store_dkdv(dk, dv, dk_acc, dv_acc, 12, hk, j0, j1, col_t, nk, d, scale)
+            store_dkdv(dk, dv, dk_acc, dv_acc, 13, hk, j0, j1, col_t, nk, d, scale)
+            store_dkdv(dk, dv, dk_acc, dv_acc, 14, hk, j0, j1, col_t, nk, d, scale)
+            store_dkdv(dk, dv, dk_acc, dv_acc, 15, hk, j0, j1, col_t, nk, d, scale)
 
     return simulator_launch(DynamicSharedKernel(dkdv16, NBYTES)), WARPGROUP
 
