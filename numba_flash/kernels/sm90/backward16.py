@@ -161,6 +161,18 @@ def make_dkdv_kernel(D, causal, fmt):
         add_dq(dq, part, 6, bh, m0, c0, row, col_t, nq, d, scale)
         add_dq(dq, part, 7, bh, m0, c0, row, col_t, nq, d, scale)
 
+    @inlined_device_function
+    def store_dkdv_half(dk, dv, dk_acc, dv_acc, g0, hk, j0, j1, col_t, nk, d, scale):
+        """store_dkdv of the 8 groups g0.. (64 head-dim columns), written out."""
+        store_dkdv(dk, dv, dk_acc, dv_acc, g0, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, g0 + 1, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, g0 + 2, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, g0 + 3, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, g0 + 4, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, g0 + 5, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, g0 + 6, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv(dk, dv, dk_acc, dv_acc, g0 + 7, hk, j0, j1, col_t, nk, d, scale)
+
     @kernel_jit(WARPGROUP)
     def dkdv16(q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)
@@ -247,23 +259,9 @@ def make_dkdv_kernel(D, causal, fmt):
                                U(HALF_D), row, col_t, nq, d, scale)
                 m0 += uBM
 
-        store_dkdv(dk, dv, dk_acc, dv_acc, 0, hk, j0, j1, col_t, nk, d, scale)
-        store_dkdv(dk, dv, dk_acc, dv_acc, 1, hk, j0, j1, col_t, nk, d, scale)
-        store_dkdv(dk, dv, dk_acc, dv_acc, 2, hk, j0, j1, col_t, nk, d, scale)
-        store_dkdv(dk, dv, dk_acc, dv_acc, 3, hk, j0, j1, col_t, nk, d, scale)
-        store_dkdv(dk, dv, dk_acc, dv_acc, 4, hk, j0, j1, col_t, nk, d, scale)
-        store_dkdv(dk, dv, dk_acc, dv_acc, 5, hk, j0, j1, col_t, nk, d, scale)
-        store_dkdv(dk, dv, dk_acc, dv_acc, 6, hk, j0, j1, col_t, nk, d, scale)
-        store_dkdv(dk, dv, dk_acc, dv_acc, 7, hk, j0, j1, col_t, nk, d, scale)
+        store_dkdv_half(dk, dv, dk_acc, dv_acc, 0, hk, j0, j1, col_t, nk, d, scale)
         if D > HALF_D:
-            store_dkdv(dk, dv, dk_acc, dv_acc, 8, hk, j0, j1, col_t, nk, d, scale)
-            store_dkdv(dk, dv, dk_acc, dv_acc, 9, hk, j0, j1, col_t, nk, d, scale)
-            store_dkdv(dk, dv, dk_acc, dv_acc, 10, hk, j0, j1, col_t, nk, d, scale)
-            store_dkdv(dk, dv, dk_acc, dv_acc, 11, hk, j0, j1, col_t, nk, d, scale)
-            store_dkdv(dk, dv, dk_acc, dv_acc, 12, hk, j0, j1, col_t, nk, d, scale)
-            store_dkdv(dk, dv, dk_acc, dv_acc, 13, hk, j0, j1, col_t, nk, d, scale)
-            store_dkdv(dk, dv, dk_acc, dv_acc, 14, hk, j0, j1, col_t, nk, d, scale)
-            store_dkdv(dk, dv, dk_acc, dv_acc, 15, hk, j0, j1, col_t, nk, d, scale)
+            store_dkdv_half(dk, dv, dk_acc, dv_acc, 8, hk, j0, j1, col_t, nk, d, scale)
 
     return simulator_launch(DynamicSharedKernel(dkdv16, NBYTES)), WARPGROUP
 
