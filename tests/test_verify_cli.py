@@ -83,7 +83,8 @@ def test_default_plan_follows_auto_per_case_and_dtype():
     steps = plan(GPU_CASES, device="sm_90")
     assert len(steps) == 4 * len(GPU_CASES)
     for st in steps:
-        hopper = "wgmma" if st.dtype == "float32" else "wgmma16-tf32bwd"
+        hopper = ("wgmma" if st.dtype == "float32" else "wgmma16" if st.case.d <= 64
+                  else "wgmma16-tf32bwd")
         want = hopper if st.dtype != "float64" and st.case.d <= 128 else "fa2"
         assert st.pairs == (want,), (st.case, st.dtype)
     assert {st.pairs for st in plan(GPU_CASES, device="sm_80")} == {("fa2",)}
@@ -136,6 +137,6 @@ def test_gpu_verify_compiles_ahead_into_an_empty_cache(tmp_path, monkeypatch, ca
     monkeypatch.setenv("NUMBA_FLASH_CACHE_DIR", str(tmp_path / "cache"))
     assert verify.main(False, case_names=["causal", "d = 1"]) == 0
     out = capsys.readouterr().out
-    # per case: wgmma float32, wgmma16-tf32bwd bfloat16 and float16, fa2 float64
+    # per case: wgmma float32, a 16-bit Hopper pair in bfloat16 and float16, fa2 float64
     assert "compiled ahead: 8 of 8 (pair, d, causal, dtype) configurations" in out, out
     assert any((tmp_path / "cache").rglob("*.nbi"))
