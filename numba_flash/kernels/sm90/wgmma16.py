@@ -88,12 +88,27 @@ if SIMULATOR:
         return bits.view(np.float16).astype(np.float32)
 
     def encode_host(x, fmt):
-        """uint16 patterns of float32 x rounded to fmt (nearest even)."""
-        r = round_half(np.asarray(x, np.float32), fmt)
+        """uint16 patterns of float32 x rounded to fmt (nearest even; NaN a quiet NaN)."""
+        x = np.asarray(x, np.float32)
+        r = round_half(x, fmt)
         if fmt == "bfloat16":
-            return (r.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+            bits = (r.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+            return np.where(np.isnan(x), np.uint16(0x7FC0), bits).astype(np.uint16)
         with np.errstate(over="ignore"):
             return r.astype(np.float16).view(np.uint16)
+
+    def _encode_scalar(x, fmt):
+        """encode_host of one value, in Python integers (the simulator calls it per entry)."""
+        x = np.float32(x)
+        if fmt == "float16":
+            with np.errstate(over="ignore"):
+                return int(np.float16(x).view(np.uint16))
+        if x != x:
+            return 0x7FC0
+        b = int(x.view(np.uint32))
+        if (b & 0x7F800000) == 0x7F800000:          # +-inf
+            return b >> 16
+        return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
 
     def _entries(regs, warp, lane):
         g, t = lane // 4, lane % 4
@@ -104,8 +119,7 @@ if SIMULATOR:
     def make_pack_half2(fmt):
         @device_function
         def pack_half2(lo, hi):
-            b = encode_host(np.array([lo, hi], np.float32), fmt).astype(np.uint32)
-            return np.uint32(b[0] | (b[1] << np.uint32(16)))
+            return np.uint32(_encode_scalar(lo, fmt) | (_encode_scalar(hi, fmt) << 16))
         return pack_half2
 
     @functools.lru_cache(maxsize=None)
@@ -124,32 +138,45 @@ if SIMULATOR:
         _check(fmt, n, KB)
         regs = n // 2
 
+        # index arrays of a thread's entries, computed once per (warp, lane): with them
+        # vectorized, one NumPy model call per product and thread (128 Python threads)
+        @functools.lru_cache(maxsize=None)
+        def ss_indices(warp, lane):
+            r, c = _entries(regs, warp, lane)
+            k = np.arange(KA)
+            return core_offset16_host(r[:, None], k, KA), core_offset16_host(c[:, None], k, KA)
+
+        @functools.lru_cache(maxsize=None)
+        def rs_indices(warp, lane):
+            """(where the thread's A words go in the gathered 64 x KB A, low halves; the A
+            rows and B offsets of its entries)."""
+            w = np.arange(4 * (KB // STEP16))
+            rows, ks = a_fragment16(w % 4, warp, lane)
+            r, c = _entries(regs, warp, lane)
+            k = np.arange(KB)
+            return (rows * KB + ks + STEP16 * (w // 4), r[:, None] * KB + k,
+                    core_offset16_host(c[:, None], k, KB))
+
         @cuda.jit(device=True)
         def mma_ss(sh, a_at, b_at):
-            r, c = _entries(regs, (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32)
-            k = np.arange(KA)
-            a = decode_host(sh[a_at + core_offset16_host(r[:, None], k, KA)], fmt)
-            b = decode_host(sh[b_at + core_offset16_host(c[:, None], k, KA)], fmt)
+            ka, kb = ss_indices((cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32)
+            a = decode_host(sh[a_at + ka], fmt)
+            b = decode_host(sh[b_at + kb], fmt)
             exact = (a.astype(np.float64) * b.astype(np.float64)).sum(axis=1)
             return tuple(float32(x) for x in exact.astype(np.float32))
 
         @cuda.jit(device=True)
         def mma_rs(sh, sm, acc, a, b_at, scratch):
-            warp, lane = (cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32
+            words, ka, kb = rs_indices((cuda.threadIdx.x % WARPGROUP) // 32,
+                                       cuda.threadIdx.x % 32)
             # the warpgroup's A (64 x KB floats) through a gather buffer, one barrier
             at = scratch + exchange_buffer("gather") * GATHER
-            for s in range(KB // STEP16):
-                for e in range(4):
-                    row, k = a_fragment16(e, warp, lane)
-                    word = np.uint32(a[4 * s + e])
-                    pair = decode_host(np.array([word & 0xFFFF, word >> 16], np.uint16), fmt)
-                    sm[at + row * KB + STEP16 * s + k] = pair[0]
-                    sm[at + row * KB + STEP16 * s + k + 1] = pair[1]
+            bits = np.asarray(a, np.uint32)
+            sm[at + words] = decode_host((bits & 0xFFFF).astype(np.uint16), fmt)
+            sm[at + words + 1] = decode_host((bits >> 16).astype(np.uint16), fmt)
             cuda.syncthreads()
-            r, c = _entries(regs, warp, lane)
-            k = np.arange(KB)
-            av = sm[at + r[:, None] * KB + k].astype(np.float64)
-            bv = decode_host(sh[b_at + core_offset16_host(c[:, None], k, KB)], fmt)
+            av = sm[at + ka].astype(np.float64)
+            bv = decode_host(sh[b_at + kb], fmt)
             exact = (av * bv.astype(np.float64)).sum(axis=1)
             for j in range(regs):
                 acc[j] = float32(np.float64(acc[j]) + exact[j])
