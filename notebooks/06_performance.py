@@ -27,12 +27,13 @@
 # where torch efficient still leads: the `wgmma` forward trails it at every N at d = 128
 # (0.69–0.98×) and at N ≤ 2k at d = 64.
 #
-# **Claim 2 (bfloat16)** (2026-12-04 00:29 UTC, `numba-flash bench --dtype bfloat16`,
-# `notebooks/data/bench-bf16-full-h200-2026-12-04.json`, N = 1k–16k). numba-flash has no
-# half-precision tensor-core kernel yet: bfloat16 inputs are widened to float32 and run by the
-# `wgmma` pair with two TF32 products a step, 25–53 TFLOP/s forward+backward, 0.16–0.19× torch's
-# FlashAttention-2 backend and 0.09–0.12× cuDNN in the same run; the forward alone 0.09–0.15×
-# FlashAttention-2.
+# **Claim 2 (bfloat16)** (2026-12-04 03:46 UTC, `numba-flash bench --dtype bfloat16 --mode
+# fwd+bwd`, `notebooks/data/bench-bwd16-bf16-h200-2026-12-04.json`, N = 1k–16k). What `auto`
+# runs on half inputs, the 16-bit tensor-core pairs (`wgmma16` at d = 64, `wgmma16-tf32bwd` at
+# d = 128), is 31–66 TFLOP/s forward+backward, 0.18–0.23× torch's FlashAttention-2 backend in
+# the same run. Before them (00:29 UTC, `bench-bf16-full-h200-2026-12-04.json`), bfloat16 was
+# widened to float32 and run by the `wgmma` pair: 25–53 TFLOP/s, 0.16–0.19× FlashAttention-2,
+# 0.09–0.12× cuDNN; its forward alone 0.09–0.15× FlashAttention-2.
 #
 # Ratios are of TFLOP/s in the same run (FLOPs counted as FlashAttention-2 counts them; the
 # backward as 2.5× the forward). How the figures are counted, the chip's ceilings and how the
@@ -110,27 +111,40 @@ for d, causal in PANELS:
            for peer in ("torch math", "torch efficient", FA2)})
 
 # %% [markdown]
-# bfloat16: numba-flash (widened to float32, the `wgmma` pair's two-product kernels) beside
-# torch's FlashAttention-2 and cuDNN backends, forward+backward (log scale: they are 5–10x
-# apart).
+# bfloat16, forward+backward: the 16-bit pair `auto` runs (03:46 UTC) and, dashed, the
+# widened path before it (00:29 UTC), beside torch's FlashAttention-2 and cuDNN backends (log
+# scale: they are 5–10x apart).
 
 # %%
 half = json.loads(data_file("bench-bf16-full-h200-2026-12-04.json").read_text())
 records16 = half["records"]
+pairs16 = json.loads(data_file("bench-bwd16-bf16-h200-2026-12-04.json").read_text())
 BF16_IMPLS = ("numba-flash auto", "torch flash", "torch cudnn")
 
 
-def curve16(impl, mode, d, causal):
-    """{N: TFLOP/s} of one implementation in one panel of the bfloat16 run."""
-    return dict(sorted((r["N"], r["tflops"]) for r in records16 if "tflops" in r
+def curve16(impl, mode, d, causal, records=records16):
+    """{N: TFLOP/s} of one implementation in one panel of a bfloat16 run."""
+    return dict(sorted((r["N"], r["tflops"]) for r in records if "tflops" in r
                        and (r["impl"], r["mode"], r["d"], r["causal"]) == (impl, mode, d, causal)))
+
+
+def auto16(d, causal):
+    """The 16-bit pair auto runs at head dim d (registry.auto_order), in the 03:46 run."""
+    name = "numba-flash wgmma16" if d <= 64 else "numba-flash wgmma16-tf32bwd"
+    return curve16(name, "fwd+bwd", d, causal, pairs16["records"])
 
 
 fig, axes = plt.subplots(1, 4, figsize=(15, 3.4), sharey=True)
 for ax, (d, causal) in zip(axes, PANELS):
+    pts = auto16(d, causal)
+    ax.loglog(list(pts), list(pts.values()), marker="o", color="C0",
+              label="numba-flash auto (16-bit pairs)")
     for impl in BF16_IMPLS:
         pts = curve16(impl, "fwd+bwd", d, causal)
-        ax.loglog(list(pts), list(pts.values()), marker="o", label=impl)
+        ax.loglog(list(pts), list(pts.values()), marker="o",
+                  **(dict(color="C0", linestyle="--", label="numba-flash, widened (00:29)")
+                     if impl == "numba-flash auto" else
+                     dict(color="C1" if impl == "torch flash" else "C2", label=impl)))
     ax.set_title(f"bf16 fwd+bwd d={d}{' causal' if causal else ''}", fontsize=9)
     ax.set_xticks([1024, 2048, 4096, 8192, 16384], ["1k", "2k", "4k", "8k", "16k"])
     ax.set_yticks([20, 50, 100, 200, 500], ["20", "50", "100", "200", "500"])
@@ -190,4 +204,12 @@ lo, hi = min(ratio16["fwd+bwd", "torch cudnn"]), max(ratio16["fwd+bwd", "torch c
 assert 0.09 < lo and hi < 0.13, (lo, hi)
 lo, hi = min(ratio16["fwd", "torch flash"]), max(ratio16["fwd", "torch flash"])
 assert 0.09 < lo and hi < 0.15, (lo, hi)
+# the 16-bit pairs, 03:46 UTC: auto's fwd+bwd against FlashAttention-2 in the same run
+assert pairs16["environment"]["date"].startswith("2026-12-04T03:4")
+now16 = [auto16(d, c)[n] / v for d, c in PANELS
+         for n, v in curve16("torch flash", "fwd+bwd", d, c, pairs16["records"]).items()]
+ours_now = [x for d, c in PANELS for x in auto16(d, c).values()]
+print("16-bit pairs / FA2:", round(min(now16), 3), round(max(now16), 3))
+assert len(now16) == 12 and 31 < min(ours_now) and max(ours_now) < 67
+assert 0.17 < min(now16) and max(now16) < 0.24, now16
 print("claim holds")

@@ -192,15 +192,17 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
 
     q (..., Nq, d), k and v (..., Nk, d) with the same leading dims; for 4-D (B, H, N, d)
     inputs k and v may have Hk heads, Hk dividing H (grouped-query attention). float32 or
-    float64, computed in that precision, or float16 / bfloat16, widened to float32 on the
-    device and computed there (out rounded back once to the inputs' dtype); d in 1..256.
+    float64, computed in that precision, or float16 / bfloat16: read as stored by the 16-bit
+    Hopper pairs (products in the format, sums in float32), else widened to float32 on the
+    device; out comes back in the inputs' dtype; d in 1..256.
     causal masks key j for query i when j > i + (Nk - Nq) (bottom-right aligned).
     Array-likes that are none of NumPy, CuPy, Numba or torch arrays (lists, tuples) are taken
     as np.asarray takes them (lists of Python floats are float64).
     scale defaults to 1/sqrt(d); it must be finite and positive in the kernels' dtype (the
     inputs', float32 for half inputs).
     kernel: "auto" (the fastest registered pair that can run this case here: on an H200 with
-    d <= 128 in float32, float16 or bfloat16 the Hopper "wgmma" pair, else "fa2")
+    d <= 128 the Hopper pairs, "wgmma" in float32 and for float16 / bfloat16 "wgmma16" (d <= 64)
+    or "wgmma16-tf32bwd", else "fa2")
     or a registered name (numba_flash.registry.PAIRS; a pair that cannot run the case falls
     back as the registry says). block_m / block_n override the pair's tile sizes (ValueError
     for tiles it cannot take). Pass the same kernel to flash_attention_backward.

@@ -17,9 +17,10 @@ see one op each way.
 - Inputs with other strides (the views a model makes of a fused QKV projection) are copied
   to contiguous ones first: one extra read and write of that tensor (B·H·N·d elements) per
   call, in each direction that takes it.
-- float16, bfloat16, float32 and float64 (half inputs as the plain API runs them: widened
-  to float32 on the device, results rounded back once); lse, the second output of the
-  forward op (float32 for half inputs), is not differentiable.
+- float16, bfloat16, float32 and float64 (half inputs as the plain API runs them: on an H200
+  the 16-bit Hopper pairs, else widened to float32 on the device; results in the inputs'
+  dtype); lse, the second output of the forward op (float32 for half inputs), is not
+  differentiable.
 """
 
 import math
