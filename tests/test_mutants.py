@@ -42,6 +42,7 @@ def test_unmutated_kernels_pass_the_same_search():
                                ("forward agrees", "wgmma16", "simulator-blocks"),
                                ("forward agrees", "wgmma16", "simulator", ("large v",)),
                                ("backward agrees", "wgmma16", "simulator"),
+                               ("backward agrees", "wgmma16", "simulator", ("tiny dO",)),
                                ("non-finite inputs (forward)", "rowwise", "simulator")):
         campaign.search(prop, kernel, size, max_examples=2, derandomize=True,
                         phases=[Phase.generate], regimes=regimes[0] if regimes else REGIMES)

@@ -32,12 +32,15 @@ class Mutant:
     # strategies.SIZES: "simulator-wide" for the d > 64 kernels, "simulator-blocks" for what
     # shows only past the Hopper family's first 64 keys
     size: str = SIM
-    # the edit is in a simulator model of a tensor-core instruction (wgmma16's), so only the
-    # simulator runs the mutant; on a GPU the instruction itself runs, unedited
+    # the edit is in a simulator model of a tensor-core instruction (wgmma16's), or rounds
+    # through NumPy's float16 (what a careless half kernel holds a value in), which only the
+    # simulator can run: on a GPU the instruction runs unedited, or the edit does not compile
     simulator_only: bool = False
     # the regimes the search draws (None: all): for a mutant that only one regime exposes by
     # design (O held in float16 errs within the half tolerance until it overflows, which is
-    # what "large v" is for; a short derandomized search may not draw it, a fuzz run does)
+    # what "large v" is for; dS held in float16 is more precise than bfloat16 until it falls
+    # into float16's subnormals, which is what "tiny dO" is for; a short derandomized search
+    # may not draw them, a fuzz run does)
     regimes: tuple = None
 
 
@@ -111,7 +114,17 @@ MUTANTS = {m.name: m for m in (
            "acc[j] = float32(np.float64(acc[j]) + exact[j])",
            "acc[j] = float32(np.float16(np.float64(acc[j]) + exact[j]))", _R, "wgmma16",
            via="sm90.forward16", simulator_only=True, regimes=("large v",)),
+    Mutant("P rounded to float16 before the max is subtracted (wgmma16)", "forward",
+           "sm90.softmax", "p = math.exp(s_acc[j] - m_safe[h])",
+           "p = float32(__import__('numpy').float16(math.exp(s_acc[j]))) "
+           "* math.exp(-m_safe[h])", _R, "wgmma16", via="sm90.forward16",
+           simulator_only=True),
     # the 16-bit backward (sm90.backward16)
+    Mutant("dS held in float16 (wgmma16)", "backward", "sm90.backward16",
+           "words[w] = pack(dpt[2 * w], dpt[2 * w + 1])",
+           "words[w] = pack(float32(__import__('numpy').float16(dpt[2 * w])), "
+           "float32(__import__('numpy').float16(dpt[2 * w + 1])))", _B, "wgmma16",
+           simulator_only=True, regimes=("tiny dO",)),
     Mutant("D left out of dS (wgmma16)", "backward", "sm90.backward16",
            "dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])", "dpt[jj] = p * dp[jj]", _B,
            "wgmma16"),
