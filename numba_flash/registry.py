@@ -134,7 +134,7 @@ def variant(name, base, **changes):
 def auto_order(device, d):
     """The pairs "auto" tries for head dim d, fastest first. On an sm_90 GPU the Hopper pairs:
     for half inputs wgmma16 at d <= 64 (forward and backward on 16-bit products: 0.94-1.19x
-    wgmma16-tf32bwd in forward+backward, 1.19x at N >= 4k) and wgmma16-tf32bwd above (its
+    wgmma16-tf32bwd in forward+backward, 1.13-1.19x at N >= 4k) and wgmma16-tf32bwd above (its
     TF32 backward 1.16-1.22x wgmma16's there), both on the H200 in bfloat16, 2026-12-04;
     for float32 wgmma (1.3-1.6x fa2 in forward+backward; docs/performance.md); elsewhere
     fa2. On the simulator fa2 as well: there the Hopper pairs' tensor-core products are
@@ -275,4 +275,4 @@ register(_hopper16_pair(
 register(_hopper16_pair(
     "wgmma16-tf32bwd", backward16.run_widened,
     "wgmma16's forward, then wgmma's backward (3xTF32, 2 products a step) on the inputs "
-    "widened to float32: the fastest half pair on the H200 today"))
+    "widened to float32, S formed there from scale Q: auto's half pair at 64 < d <= 128"))

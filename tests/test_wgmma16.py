@@ -114,6 +114,48 @@ def test_products16_on_integers_are_exact(fmt, n, K):
     np.testing.assert_array_equal(E, C + A2 @ B.T)
 
 
+def roundtrip_kernel(fmt):
+    """bits[i] = pack_half2(x[2i], x[2i + 1]); lo[i], hi[i]: its halves unpacked again."""
+    pack, unpack = wgmma16.make_pack_half2(fmt), wgmma16.make_unpack_half(fmt)
+
+    @cuda.jit
+    def roundtrip(x, bits, lo, hi):
+        i = cuda.grid(1)
+        if i < bits.size:
+            w = pack(x[2 * i], x[2 * i + 1])
+            bits[i] = w
+            lo[i] = unpack(w & uint32(0xFFFF))
+            hi[i] = unpack(w >> uint32(16))
+    return roundtrip
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+def test_pack_rounds_to_nearest_even_as_ml_dtypes_and_numpy_and_unpack_inverts(fmt):
+    # against the formats' own conversions (ml_dtypes' bfloat16, NumPy's float16): ties to
+    # even (halfway values drawn on purpose), overflow to inf past the largest, subnormals,
+    # signed zeros, inf, NaN (any NaN pattern)
+    rng = np.random.default_rng(1)
+    dt = FORMATS[fmt]
+    base = rng.standard_normal(2000).astype(dt).astype(np.float32)
+    ulp = np.abs(np.spacing(base.astype(dt)).astype(np.float32))
+    special = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 65504.0, 65520.0, 7e4, -7e4,
+                        1e-7, -3e-8, 6e-8, 3.3895314e38, 1e-40], np.float32)
+    x = np.concatenate([base + ulp / 2, base - ulp / 2, rng.standard_normal(2000) * 100,
+                        special]).astype(np.float32)
+    x = np.concatenate([x, x[:1]]) if x.size % 2 else x
+    bits = np.zeros(x.size // 2, np.uint32)
+    lo, hi = np.zeros(x.size // 2, np.float32), np.zeros(x.size // 2, np.float32)
+    roundtrip_kernel(fmt)[(bits.size + 127) // 128, 128](x, bits, lo, hi)
+    with np.errstate(over="ignore"):
+        want = x.astype(dt)
+    got = np.stack([bits & 0xFFFF, bits >> 16], axis=1).ravel().astype(np.uint16).view(dt)
+    nan = np.isnan(want.astype(np.float32))
+    assert (np.isnan(got.astype(np.float32)) == nan).all()
+    np.testing.assert_array_equal(got[~nan].view(np.uint16), want[~nan].view(np.uint16))
+    back = np.stack([lo, hi], axis=1).ravel()
+    np.testing.assert_array_equal(back, want.astype(np.float32))      # NaN where NaN
+
+
 def test_wgmma16_forward_rejects_what_it_cannot_take():
     with pytest.raises(ValueError, match="float16 and bfloat16"):
         forward16.make_forward_kernel(64, 64, 64, False, np.dtype(np.float32))
@@ -141,7 +183,7 @@ def _check(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0, deterministi
 # simulator sizes: a head dim in each padding (64, 128), Nq != Nk, GQA, masked rows (causal,
 # Nq > Nk), more than one K/V block
 SMALL = [((1, 2, 70, 40), (1, 2, 50, 40), True), ((1, 4, 33, 100), (1, 2, 80, 100), False),
-         ((2, 1, 9, 16), (2, 1, 130, 16), True)]
+         ((2, 1, 9, 13), (2, 1, 130, 13), True)]
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
@@ -151,8 +193,19 @@ def test_wgmma16_within_the_half_tolerance(fmt, shape_q, shape_k, causal):
 
 
 def test_wgmma16_deterministic_backward_is_the_widened_one():
-    # no atomic-free dQ of its own yet: wgmma's backward on the widened inputs
+    # no atomic-free dQ of its own yet: wgmma's deterministic backward on the widened inputs,
+    # bit for bit what kernel="wgmma" gives from the same out and lse
     _check("bfloat16", *SMALL[0], deterministic=True)
+    rng = np.random.default_rng(3)
+    q, k, v, dout = (rng.standard_normal((1, 2, 40, 24)).astype(ml_dtypes.bfloat16)
+                     for _ in range(4))
+    out, lse = flash_attention_forward(q, k, v, kernel="wgmma16")
+    ours = flash_attention_backward(dout, q, k, v, out, lse, kernel="wgmma16",
+                                    deterministic=True)
+    widened = flash_attention_backward(dout, q, k, v, out, lse, kernel="wgmma",
+                                       deterministic=True)
+    for a, b in zip(ours, widened):
+        assert a.view(np.uint16).tobytes() == b.view(np.uint16).tobytes()
 
 
 @pytest.mark.gpu
