@@ -37,7 +37,7 @@ import functools
 import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
-from reference.precision import HALF_FORMATS, round_half
+from reference.precision import HALF_FORMATS
 
 from ..support import SIMULATOR, device_function
 from .wgmma import GATHER, WARPGROUP
@@ -87,18 +87,10 @@ if SIMULATOR:
             return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
         return bits.view(np.float16).astype(np.float32)
 
-    def encode_host(x, fmt):
-        """uint16 patterns of float32 x rounded to fmt (nearest even; NaN a quiet NaN)."""
-        x = np.asarray(x, np.float32)
-        r = round_half(x, fmt)
-        if fmt == "bfloat16":
-            bits = (r.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
-            return np.where(np.isnan(x), np.uint16(0x7FC0), bits).astype(np.uint16)
-        with np.errstate(over="ignore"):
-            return r.astype(np.float16).view(np.uint16)
-
     def _encode_scalar(x, fmt):
-        """encode_host of one value, in Python integers (the simulator calls it per entry)."""
+        """The 16-bit pattern of float32 x rounded to fmt, to nearest with ties to even (NaN a
+        quiet NaN, past the largest inf), in Python integers: the simulator calls it per
+        entry (tests/test_wgmma16.py checks it against ml_dtypes and NumPy)."""
         x = np.float32(x)
         if fmt == "float16":
             with np.errstate(over="ignore"):
@@ -129,13 +121,8 @@ if SIMULATOR:
             return float32(decode_host(np.array([np.uint32(bits) & 0xFFFF], np.uint16), fmt)[0])
         return unpack_half
 
-    @functools.lru_cache(maxsize=None)
-    def products16(n, KA, KB, fmt):
-        """dict(mma_ss=..., mma_rs=...) for a 64 x n block of 16-bit products in format fmt:
-        mma_ss with A 64 x KA and B n x KA tiles, mma_rs with a register A 64 x KB and B an
-        n x KB tile (see the module)."""
-        _check(fmt, n, KA)
-        _check(fmt, n, KB)
+    def _products16(n, KA, KB, fmt):
+        """products16 on the simulator: NumPy models."""
         regs = n // 2
 
         # index arrays of a thread's entries, computed once per (warp, lane): with them
@@ -306,13 +293,8 @@ else:
             return types.void(acc, a, b_desc), codegen
         return mma
 
-    @functools.lru_cache(maxsize=None)
-    def products16(n, KA, KB, fmt):
-        """dict(mma_ss=..., mma_rs=...) for a 64 x n block of 16-bit products in format fmt:
-        mma_ss with A 64 x KA and B n x KA tiles, mma_rs with a register A 64 x KB and B an
-        n x KB tile (see the module)."""
-        _check(fmt, n, KA)
-        _check(fmt, n, KB)
+    def _products16(n, KA, KB, fmt):
+        """products16 on a GPU: the wgmma instructions."""
         ss = _ss_intrinsic(n, KA // STEP16, fmt)
         rs = _rs_intrinsic(n, KB // STEP16, fmt)
         lbo = uint64(128) >> 4
@@ -332,3 +314,13 @@ else:
         def mma_rs(sh, sm, acc, a, b_at, scratch):
             rs(acc, a, descriptor(shared_address(sh), b_at, sbo_b))
         return dict(mma_ss=mma_ss, mma_rs=mma_rs, regs=n // 2)
+
+
+@functools.lru_cache(maxsize=None)
+def products16(n, KA, KB, fmt):
+    """dict(mma_ss=..., mma_rs=..., regs=n // 2) for a 64 x n block of 16-bit products in
+    format fmt: mma_ss with A 64 x KA and B n x KA tiles, mma_rs with a register A 64 x KB and
+    B an n x KB tile (see the module); ValueError for shapes wgmma lacks."""
+    _check(fmt, n, KA)
+    _check(fmt, n, KB)
+    return _products16(n, KA, KB, fmt)
