@@ -165,6 +165,14 @@ def _widened(d_x, p, like, stream):
     return wide
 
 
+def _kernel_input(d_x, p, pair, like, stream):
+    """d_x as `pair`'s kernels take it: for half inputs, its 16-bit patterns (a uint16 view)
+    for a pair with half_storage, else widened to float32 (_widened); d_x itself otherwise."""
+    if p.half and pair.half_storage:
+        return d_x.view(np.uint16)
+    return _widened(d_x, p, like, stream)
+
+
 def _narrowed(d_x, p, like, stream):
     """float32 d_x rounded to the inputs' half dtype (a new array from like's pool, on
     `stream`); d_x itself when the inputs are not half."""
@@ -227,11 +235,10 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     d_out = arrays.empty_device((bh, p.nq, p.d), p.dtype if stored else dt, like=q)
     d_lse = arrays.empty_device((bh, p.nq), dt, like=q)
     grid = (ceil_div(p.nq, bm), *head_grid(bh))
-    as_stored = (lambda x: x.view(np.uint16)) if stored else (lambda x: _widened(x, p, q, stream))
     with simulator_exclusive():
-        d_q = as_stored(arrays.to_device(q, (bh, p.nq, p.d), ptr))
-        d_k = as_stored(arrays.to_device(k, (bhk, p.nk, p.d), ptr))
-        d_v = as_stored(arrays.to_device(v, (bhk, p.nk, p.d), ptr))
+        d_q, d_k, d_v = (_kernel_input(arrays.to_device(x, shape, ptr), p, pair, q, stream)
+                         for x, shape in ((q, (bh, p.nq, p.d)), (k, (bhk, p.nk, p.d)),
+                                          (v, (bhk, p.nk, p.d))))
         launch[grid, threads, stream](d_q, d_k, d_v, d_out.view(np.uint16) if stored else d_out,
                                       d_lse, dt.type(p.scale), p.heads, p.group)
         if not stored:
@@ -302,11 +309,11 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     ptr, stream = arrays.launch_stream(q)
     # a half_storage pair takes the half inputs as stored (16-bit patterns) and their format
     stored = bool(p.half and pair.half_storage)
-    as_stored = (lambda x: x.view(np.uint16)) if stored else (lambda x: _widened(x, p, q, stream))
     extra = {"fmt": p.half} if stored else {"half": True} if p.half and pair.half_inputs else {}
     with arrays.allocating_like(q), simulator_exclusive():   # workspace from q's pool too
-        d_dout, d_q, d_k, d_v, d_out = (as_stored(arrays.to_device(x, shape, ptr)) for x, shape
-                                        in ((dout, qs), (q, qs), (k, ks), (v, ks), (out, qs)))
+        d_dout, d_q, d_k, d_v, d_out = (
+            _kernel_input(arrays.to_device(x, shape, ptr), p, pair, q, stream)
+            for x, shape in ((dout, qs), (q, qs), (k, ks), (v, ks), (out, qs)))
         pair.run_backward(d_dout, d_q, d_k, d_v, arrays.to_device(lse, (bh, p.nq), ptr), d_out,
                           d_dq, d_dk, d_dv, scale=p.scale,
                           heads=p.heads, group=p.group, causal=causal, block_m=bm,
