@@ -33,14 +33,19 @@ def arrays_seen(shared, threads=64):
     return set(seen)
 
 
-def slow_empty(monkeypatch):
-    """np.empty that yields the GIL (sleeps) before allocating: every thread that found no
-    array yet then allocates one, the interleaving that breaks an unlocked lookup."""
-    import time
-    real = np.empty
+def slow_empty(monkeypatch, threads):
+    """np.empty that waits (up to 1 s) until `threads` threads are inside it before it
+    allocates: every thread that found no array yet then allocates one, the interleaving that
+    breaks an unlocked lookup, made certain (a 1 ms sleep made it likely only: under load the
+    first thread could store its array before the others looked, and the control failed in a
+    CI run, 2026-12-04). A locked lookup lets one thread in, which goes on after the wait."""
+    real, inside = np.empty, threading.Barrier(threads)
 
     def empty(*args, **kwargs):
-        time.sleep(1e-3)
+        try:
+            inside.wait(timeout=1.0)
+        except threading.BrokenBarrierError:     # fewer threads came (the locked lookup)
+            pass
         return real(*args, **kwargs)
     monkeypatch.setattr(np, "empty", empty)
 
@@ -54,7 +59,7 @@ def test_static_shared_array_is_one_per_line_for_every_thread(monkeypatch):
     # the control: numba-cuda's own (unlocked) method hands out several arrays here
     namespace = dict(vars(kernelapi))
     exec(inspect.getsource(kernelapi.FakeCUDAShared), namespace)
-    slow_empty(monkeypatch)
+    slow_empty(monkeypatch, threads=16)
     assert len(arrays_seen(namespace["FakeCUDAShared"](0), threads=16)) > 1
     for _ in range(5):
         assert len(arrays_seen(kernelapi.FakeCUDAShared(0), threads=16)) == 1
