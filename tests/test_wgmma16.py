@@ -52,10 +52,11 @@ def test_products16_reject_shapes_wgmma_lacks():
         wgmma16.products16(64, 64, 64, "float32")
 
 
-def product_kernel(n, K, fmt):
+def product_kernel(n, K, fmt, transposed=False):
     """D = A B^T (mma_ss) and E = C + A2 B^T (mma_rs, A2 from registers) by one warpgroup on
-    16-bit patterns: A, A2 (64 x K), B (n x K); C, D, E (64 x n) float32."""
-    prod = wgmma16.products16(n, K, K, fmt)
+    16-bit patterns: A, A2 (64 x K), B (n x K), or transposed B^T (K x n), staged with the
+    contraction as its rows and read transposed (b_rows); C, D, E (64 x n) float32."""
+    prod = wgmma16.products16(n, K, K, fmt, b_rows=n if transposed else None)
     ss, rs, regs = prod["mma_ss"], prod["mma_rs"], prod["regs"]
     pack = wgmma16.make_pack_half2(fmt)
     A_AT, B_AT = 0, 64 * K
@@ -72,7 +73,10 @@ def product_kernel(n, K, fmt):
         for i in range(tid, 64 * K, 128):
             sh[A_AT + wgmma16.core_offset16(i // K, i % K, K)] = A[i // K, i % K]
         for i in range(tid, n * K, 128):
-            sh[B_AT + wgmma16.core_offset16(i // K, i % K, K)] = B[i // K, i % K]
+            if transposed:          # B^T: row k = i // n, column c = i % n
+                sh[B_AT + wgmma16.core_offset16(i // n, i % n, n)] = B[i // n, i % n]
+            else:
+                sh[B_AT + wgmma16.core_offset16(i // K, i % K, K)] = B[i // K, i % K]
         wgmma.fence_proxy_async()
         cuda.syncthreads()
         d = ss(sh, A_AT, B_AT)
@@ -96,8 +100,9 @@ def product_kernel(n, K, fmt):
 
 
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-@pytest.mark.parametrize("n,K", [(64, 64), (128, 64), (64, 128)])
-def test_products16_on_integers_are_exact(fmt, n, K):
+@pytest.mark.parametrize("n,K,transposed", [(64, 64, False), (128, 64, False), (64, 128, False),
+                                            (64, 64, True), (128, 64, True), (64, 128, True)])
+def test_products16_on_integers_are_exact(fmt, n, K, transposed):
     # integers |x| <= 8: every product and sum exact in float32, so the tensor core, whatever
     # its order of additions, and the model give A B^T exactly; a wrong layout, descriptor or
     # fragment gives other numbers
@@ -108,8 +113,9 @@ def test_products16_on_integers_are_exact(fmt, n, K):
     bits = lambda x: x.astype(FORMATS[fmt]).view(np.uint16)         # noqa: E731
     D = np.full((64, n), np.nan, np.float32)
     E = np.full((64, n), np.nan, np.float32)
-    kernel, nbytes = product_kernel(n, K, fmt)
-    kernel[1, 128, 0, nbytes](bits(A), A2, bits(B), C, D, E)
+    kernel, nbytes = product_kernel(n, K, fmt, transposed)
+    stored = np.ascontiguousarray(B.T) if transposed else B
+    kernel[1, 128, 0, nbytes](bits(A), A2, bits(stored), C, D, E)
     np.testing.assert_array_equal(D, A @ B.T)
     np.testing.assert_array_equal(E, C + A2 @ B.T)
 
@@ -192,6 +198,38 @@ def test_wgmma16_within_the_half_tolerance(fmt, shape_q, shape_k, causal):
     _check(fmt, shape_q, shape_k, causal)
 
 
+@pytest.mark.parametrize("d", [40, pytest.param(128, marks=pytest.mark.gpu)])
+def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
+    # the same products on the same tiles: cp.async (aligned arrays) or element by element
+    # (any view) must give the same bits, forward (out, lse) and backward (dq, dk, dv)
+    from numba_flash.kernels.sm90 import backward16
+    rng = np.random.default_rng(d)
+    nq, nk = 100, 150
+    q, dout = (rng.standard_normal((2, nq, d)).astype(np.float16).view(np.uint16)
+               for _ in range(2))
+    k, v = (rng.standard_normal((1, nk, d)).astype(np.float16).view(np.uint16)
+            for _ in range(2))
+    D = 64 if d <= 64 else 128
+    Dsum = rng.standard_normal((2, nq)).astype(np.float32)
+    results = []
+    for asynchronous in (True, False):
+        out = cuda.to_device(np.zeros((2, nq, d), np.uint16))
+        lse = cuda.to_device(np.zeros((2, nq), np.float32))
+        args = [cuda.to_device(x) for x in (q, k, v)]
+        fwd = forward16.make_kernel(D, True, "float16", asynchronous)
+        fwd[(2, 2), 128](*args, out, lse, np.float32(0.2 * forward16.LOG2E), 2, 2)
+        grads = [cuda.to_device(np.zeros(x.shape, np.float32)) for x in (q, k, v)]
+        bwd = backward16.make_dkdv_kernel(D, True, "float16", asynchronous)
+        bwd[(3, 1), 128](*args, cuda.to_device(dout), lse, cuda.to_device(Dsum), grads[1], grads[2], grads[0],
+                         np.float32(0.2), 2, 2)
+        results.append([x.copy_to_host() for x in (out, lse, *grads)])
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
+        if name == "dq":        # added by atomics from every K/V block: in any order
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+        else:
+            assert a.tobytes() == b.tobytes(), name
+
+
 def test_wgmma16_deterministic_backward_is_the_widened_one():
     # no atomic-free dQ of its own yet: wgmma's deterministic backward on the widened inputs,
     # bit for bit what kernel="wgmma" gives from the same out and lse
@@ -215,6 +253,7 @@ def test_wgmma16_deterministic_backward_is_the_widened_one():
     ((2, 4, 1000, 64), (2, 2, 1500, 64), True, 1.0),
     ((1, 4, 777, 128), (1, 4, 513, 128), True, 1.0),
     ((1, 2, 1024, 96), (1, 2, 1024, 96), False, 30.0),
+    ((1, 2, 300, 100), (1, 2, 260, 100), True, 1.0),      # d % 8 != 0: synchronous staging
 ])
 def test_gpu_wgmma16_within_the_half_tolerance(fmt, shape_q, shape_k, causal, logits):
     _check(fmt, shape_q, shape_k, causal, scale_logits=logits)

@@ -87,6 +87,8 @@ def _dispatchers(label, launcher):
     if isinstance(launcher, AlignedDispatch):
         yield from _dispatchers(f"{label} vector", launcher.vector)
         yield from _dispatchers(f"{label} scalar", launcher.scalar)
+    elif hasattr(launcher, "dispatch"):          # forward16's launcher (scale -> scale log2 e)
+        yield from _dispatchers(label, launcher.dispatch)
     elif isinstance(launcher, DynamicSharedKernel):
         yield from _dispatchers(label, launcher.kernel)
     elif hasattr(launcher, "py_func"):
@@ -125,7 +127,7 @@ def kernels():
         for label, kernel in _dispatchers(f"sm90 forward16 d={d} {fmt} causal={causal}",
                                           launcher):
             yield label, kernel, FORWARD16_ARGS
-        launcher, _ = sm90_backward16.make_dkdv_kernel(d, causal, fmt)
+        launcher = sm90_backward16.dkdv_launcher(d, causal, fmt)
         for label, kernel in _dispatchers(f"sm90 backward16 d={d} {fmt} causal={causal}",
                                           launcher):
             yield label, kernel, DKDV16_ARGS

@@ -7,6 +7,12 @@ add4(dst, head, row, col, x) adds x there atomically, one red.global.add.v4.f32 
 sm_90 and newer): dst[..., col + e] += x[e], each element its own atomic add.
 add2(dst, head, row, col, x) the same for a pair, dst[head, row, col : col + 2] (red.global.add.v2.f32;
 col even), for tensor-core fragments, which hold pairs of adjacent columns.
+copy16(sh, at, src, head, row, col, nbytes) starts an asynchronous copy (cp.async, sm_80 and
+newer) of the 16 bytes at src[head, row, col:] into the shared array sh at element offset `at`
+(16-byte aligned), the bytes past nbytes (0 or 16) zero: the thread goes on while the copy runs.
+copies_commit() closes the thread's copies started so far into a group; copies_wait(n) waits
+until at most n of the thread's groups are still running (then a block barrier, and for wgmma
+operands sm90.wgmma.fence_proxy_async, before other threads read them).
 
 Numba emits one scalar access per element and cannot vectorize them itself: it does not know
 that the address is 16-byte aligned. Here the caller promises it: the array's data pointer and
@@ -16,6 +22,8 @@ on the GPU: a misaligned address is a CUDA error (misaligned address), not a wro
 
 On the simulator each accesses the four elements one by one (add4 with cuda.atomic.add).
 """
+
+import functools
 
 from numba import cuda
 
@@ -85,20 +93,40 @@ if SIMULATOR:
     def add2(dst, head, row, col, x):
         cuda.atomic.add(dst, (head, row, col), x[0])
         cuda.atomic.add(dst, (head, row, col + 1), x[1])
+
+    @cuda.jit(device=True)
+    def copy16(sh, at, src, head, row, col, nbytes):
+        """At once on the simulator (element by element)."""
+        n = 16 // src.itemsize
+        for e in range(n):
+            sh[at + e] = src[head, row, col + e] if nbytes else 0
+
+    def copies_commit():
+        pass
+
+    @functools.lru_cache(maxsize=None)
+    def make_copies_wait(n):
+        def copies_wait():
+            pass
+        return copies_wait
 else:
     from llvmlite import ir
     from numba import types
     from numba.cuda import cgutils
     from numba.cuda.extending import intrinsic
 
-    def _first(context, builder, sig, args):
-        """Pointer to array[head, row, col] (args[0] the array, args[1:4] the indices)."""
-        array_type, index_types = sig.args[0], sig.args[1:4]
+    def _element_pointer(context, builder, arg_types, args):
+        """Pointer to array[head, row, col] (args: the array, then the three indices)."""
+        array_type, index_types = arg_types[0], arg_types[1:4]
         array = context.make_array(array_type)(context, builder, value=args[0])
         indices = [context.cast(builder, value, ty, types.intp)
                    for value, ty in zip(args[1:4], index_types)]
         return cgutils.get_item_pointer(context, builder, array_type, array, indices,
                                         wraparound=False)
+
+    def _first(context, builder, sig, args):
+        """Pointer to array[head, row, col] (args[0] the array, args[1:4] the indices)."""
+        return _element_pointer(context, builder, sig.args[:4], args[:4])
 
     def _vector_pointer(context, builder, sig, args):
         vector = ir.VectorType(context.get_data_type(sig.args[0].dtype), VECTOR)
@@ -173,3 +201,53 @@ else:
 
     add4 = _red_add(VECTOR)
     add2 = _red_add(2)
+
+    @intrinsic
+    def copy16(typingctx, sh, at, src, head, row, col, nbytes):
+        # .cg: cached in L2 only (each tile is read once per block); src-size = nbytes zero-fills
+        # the rest, so rows past the end are staged as zeros without a branch around the copy
+        if not (_array3(src) and isinstance(sh, types.Array) and sh.dtype == src.dtype):
+            return None
+        sig = types.void(sh, at, src, head, row, col, nbytes)
+
+        def codegen(context, builder, sig, args):
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            shared = context.make_array(sig.args[0])(context, builder, args[0])
+            offset = builder.mul(context.cast(builder, args[1], sig.args[1], types.intp),
+                                 ir.Constant(i64, sig.args[0].dtype.bitwidth // 8))
+            dst = builder.add(builder.ptrtoint(shared.data, i64), offset)
+            src_ptr = builder.ptrtoint(_element_pointer(context, builder, sig.args[2:6],
+                                                        args[2:6]), i64)
+            size = context.cast(builder, args[6], sig.args[6], types.uint32)
+            asm = ir.InlineAsm(
+                ir.FunctionType(ir.VoidType(), [i64, i64, i32]),
+                "{ .reg .u64 s, g; .reg .u32 d; cvta.to.shared.u64 s, $0; cvt.u32.u64 d, s; "
+                "cvta.to.global.u64 g, $1; cp.async.cg.shared.global [d], [g], 16, $2; }",
+                "l,l,r,~{memory}", side_effect=True)
+            builder.call(asm, [dst, src_ptr, size])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def copies_commit(typingctx):
+        def codegen(context, builder, sig, args):
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;",
+                               "~{memory}", side_effect=True)
+            builder.call(asm, [])
+            return context.get_dummy_value()
+        return types.void(), codegen
+
+    @functools.lru_cache(maxsize=None)
+    def make_copies_wait(n):
+        """copies_wait(): cp.async.wait_group n (n a constant of the instruction)."""
+        @intrinsic
+        def copies_wait(typingctx):
+            def codegen(context, builder, sig, args):
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []),
+                                   f"cp.async.wait_group {int(n)};", "~{memory}",
+                                   side_effect=True)
+                builder.call(asm, [])
+                return context.get_dummy_value()
+            return types.void(), codegen
+        return copies_wait

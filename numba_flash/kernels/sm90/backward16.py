@@ -12,11 +12,15 @@ pair's backward (registry.py), after its forward (sm90/forward16.py).
                         S bit for bit up to the tensor core's order of additions
       dP^T = V dO^T
       P = exp(S - lse_i), dS = P (dP - D_i)   (float32; 0 where masked)
-      dV += P^T dO      A = P^T rounded and packed (wgmma16.a_fragment16), B = dO^T staged
-      dK += dS^T Q      A = dS^T likewise, B = Q^T staged; dK times scale at the end
-      dQ += dS K        dS written to shared memory (queries as rows), B = K^T staged; in two
+      dV += P^T dO      A = P^T rounded and packed (wgmma16.a_fragment16), B = dO read
+                        transposed from its tile (wgmma16's b_rows: no transposed copies)
+      dK += dS^T Q      A = dS^T likewise, B = Q likewise; dK times scale at the end
+      dQ += dS K        dS written to shared memory (queries as rows), B = K likewise; in two
                         halves of 64 head-dim columns, times scale, added into dq (float32)
                         with atomics
+K and V staged once, Q and dO in two stages (sm90.stage16): the next Q block arrives by
+cp.async while this one is computed on (synchronously where the arrays are not 16-byte
+aligned).
 dK and dV are summed in registers over every Q block and head of the group and stored once
 (float32; the API rounds them to the inputs' format).
 
@@ -33,14 +37,18 @@ from numba import cuda, float32, uint16, uint32
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, ceil_div, head_grid,
                        head_index, inlined_device_function, kernel_jit, make_recompute_p,
                        simulator_launch, simulator_switch_interval)
+from ..vector_io import AlignedDispatch, copies_commit, make_copies_wait
 from .backward import check_tiles, run_backward as run_tf32
-from .forward16 import make_stage16
 from .operands import BLOCK, REGS
-from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async, position
-from .wgmma16 import core_offset16, make_pack_half2, make_unpack_half, products16
+from .stage16 import make_stage16, make_stage_pair
+from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
+from .wgmma16 import core_offset16, core_offset16_host, make_pack_half2, make_unpack_half, products16
 
 P_WORDS = REGS // 2         # a 64 x 64 accumulator rounded, two entries to a word
 HALF_D = 64                 # dQ's head-dim columns per product
+STAGES = 2                  # Q/dO blocks in shared memory: one computed on, the next arriving
+copies_wait_but_one = make_copies_wait(1)
+copies_wait_all = make_copies_wait(0)
 
 
 @functools.lru_cache(maxsize=None)
@@ -66,29 +74,33 @@ def make_preprocess(fmt):
 
 
 @functools.lru_cache(maxsize=None)
-def make_dkdv_kernel(D, causal, fmt):
+def make_dkdv_kernel(D, causal, fmt, asynchronous):
     """The dK/dV kernel for head dims up to D (64 or 128): grid (ceil(Nk / 64), B*Hk), 128
     threads, arguments (q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group): q, k, v,
     dout (B*H or B*Hk, N, d) uint16 patterns of `fmt`, lse and Dsum (B*H, Nq) float32, dk, dv
-    (B*Hk, Nk, d) and dq (B*H, Nq, d) float32 (dq zeroed: added into). Returns (kernel,
-    threads)."""
+    (B*Hk, Nk, d) and dq (B*H, Nq, d) float32 (dq zeroed: added into); asynchronous: tiles
+    staged with cp.async (q, k, v, dout 16-byte aligned, d a multiple of 8), else element by
+    element (stage16). Returns the launchable kernel."""
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
-    # 16-bit element offsets: K, V, K^T once; Q, Q^T, dO, dO^T, dS per Q block
-    K_AT, V_AT, KT_AT = 0, BLOCK * D, 2 * BLOCK * D
-    Q_AT, QT_AT, DO_AT, DOT_AT = 3 * BLOCK * D, 4 * BLOCK * D, 5 * BLOCK * D, 6 * BLOCK * D
-    DS_AT = 7 * BLOCK * D
-    ELEMENTS = 7 * BLOCK * D + BLOCK * BLOCK
+    # 16-bit element offsets: K, V once; Q and dO of a Q block in two stages; dS
+    TILE = BLOCK * D
+    K_AT, V_AT, QDO_AT = 0, TILE, 2 * TILE      # Q of stage b at QDO_AT + 2 TILE b, dO TILE on
+    DS_AT = QDO_AT + STAGES * 2 * TILE
+    ELEMENTS = DS_AT + BLOCK * BLOCK
     LSE_AT = ELEMENTS // 2                # floats: the Q block's lse and D (-inf, 0 past Nq)
     DSUM_AT = LSE_AT + BLOCK
     SCRATCH_AT = DSUM_AT + BLOCK                              # the simulator's exchanges
     NBYTES = 2 * ELEMENTS + 4 * 2 * BLOCK + (4 * SCRATCH if SIMULATOR else 0)
     ACC = D // 2                                              # dK's and dV's entries
     score = products16(BLOCK, D, BLOCK, fmt)["mma_ss"]       # 64 keys x 64 queries, K = D
-    grad = products16(D, D, BLOCK, fmt)["mma_rs"]            # 64 keys x D, K = 64 queries
-    dq_half = products16(HALF_D, BLOCK, BLOCK, fmt)["mma_ss"]  # 64 queries x 64, K = 64 keys
-    rows_by_d = make_stage16(BLOCK, D, False)                 # Q, K, V, dO: tokens x head dim
-    d_by_rows = make_stage16(D, BLOCK, True)                  # their transposes
+    # 64 keys x D, K = 64 queries, B = dO or Q read transposed from its tile
+    grad = products16(D, D, BLOCK, fmt, b_rows=D)["mma_rs"]
+    # 64 queries x 64 head-dim columns, K = 64 keys, B = K read transposed from its tile
+    dq_half = products16(HALF_D, BLOCK, BLOCK, fmt, b_rows=D)["mma_ss"]
+    KT_HALF = int(core_offset16_host(0, HALF_D, D))        # column HALF_D of the K tile
+    stage = make_stage16(BLOCK, D, asynchronous, WARPGROUP)   # Q, K, V, dO: tokens x d
+    stage_q_block = make_stage_pair(BLOCK, D, asynchronous, WARPGROUP)     # Q, then dO
     pack = make_pack_half2(fmt)
     recompute_p = make_recompute_p(float32, causal)
     uBM = U(BLOCK)
@@ -176,7 +188,6 @@ def make_dkdv_kernel(D, causal, fmt):
     @kernel_jit(WARPGROUP)
     def dkdv16(q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)
-        sh32 = cuda.shared.array(0, uint32, alignment=ALIGN)
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
         kvh = head_index()
         if kvh >= k.shape[0]:
@@ -197,73 +208,104 @@ def make_dkdv_kernel(D, causal, fmt):
         zero_halves(dk_acc, dv_acc, 0)
         if D > HALF_D:
             zero_halves(dk_acc, dv_acc, HALF_D)
-        rows_by_d(sh32, U(K_AT), k, hk, n0, d)
-        rows_by_d(sh32, U(V_AT), v, hk, n0, d)
-        d_by_rows(sh32, U(KT_AT), k, hk, n0, d)
-        # the query heads of this key head: b * heads + (hk % (heads / group)) * group + t
+        # the query heads of this key head: b * heads + (hk % (heads / group)) * group + t,
+        # each over its Q blocks from m_start: one sequence of `total` (head, Q block) steps
         heads_k = U(heads) // U(group)
         first_head = (hk // heads_k) * U(heads) + (hk % heads_k) * U(group)
         m_start = U(0)
         if causal and n0 + nq > nk:     # query i sees key j iff j + nq <= i + nk
             m_start = ((n0 + nq - nk) // uBM) * uBM
-        for t in range(group):
-            bh = first_head + U(t)
-            m0 = m_start
-            while m0 < nq:
-                cuda.syncthreads()                    # the last Q block's tiles are read
-                rows_by_d(sh32, U(Q_AT), q, bh, m0, d)
-                d_by_rows(sh32, U(QT_AT), q, bh, m0, d)
-                rows_by_d(sh32, U(DO_AT), dout, bh, m0, d)
-                d_by_rows(sh32, U(DOT_AT), dout, bh, m0, d)
-                if tid < uBM:
-                    i = m0 + tid
-                    sm[U(LSE_AT) + tid] = lse[bh, i] if i < nq else float32(NEG_INF)
-                    sm[U(DSUM_AT) + tid] = Dsum[bh, i] if i < nq else float32(0.0)
-                fence_proxy_async()
-                cuda.syncthreads()
+        blocks = (nq - m_start + uBM - U(1)) // uBM if nq > m_start else U(0)
+        total = blocks * U(group)
+        # the pipeline: K, V and the first Q block in flight; each step starts the next Q
+        # block's copies (and loads its lse and D into registers) before it waits for its own
+        stage(sh, U(K_AT), k, hk, n0, nk, d)
+        stage(sh, U(V_AT), v, hk, n0, nk, d)
+        lse_next, d_next = float32(NEG_INF), float32(0.0)
+        if total > U(0):
+            stage_q_block(sh, U(QDO_AT), q, dout, first_head, m_start, nq, d)
+            if tid < uBM and m_start + tid < nq:
+                lse_next = lse[first_head, m_start + tid]
+                d_next = Dsum[first_head, m_start + tid]
+        step = U(0)
+        b = U(0)
+        while step < total:
+            bh = first_head + step // blocks
+            m0 = m_start + (step % blocks) * uBM
+            cuda.syncthreads()              # the last Q block's tiles and lse, D are read
+            if tid < uBM:
+                sm[U(LSE_AT) + tid] = lse_next
+                sm[U(DSUM_AT) + tid] = d_next
+            step += U(1)
+            if step < total:
+                bh1 = first_head + step // blocks
+                m1 = m_start + (step % blocks) * uBM
+                stage_q_block(sh, U(QDO_AT) + (b ^ U(1)) * U(2 * TILE), q, dout, bh1, m1, nq,
+                              d)
+                lse_next, d_next = float32(NEG_INF), float32(0.0)
+                if tid < uBM and m1 + tid < nq:
+                    lse_next = lse[bh1, m1 + tid]
+                    d_next = Dsum[bh1, m1 + tid]
+            elif asynchronous:
+                copies_commit()             # an empty group: "all but the newest" below
+            if asynchronous:
+                copies_wait_but_one()       # this Q block's (and K's, V's) copies have landed
+            fence_proxy_async()
+            cuda.syncthreads()
+            q_at = U(QDO_AT) + b * U(2 * TILE)
+            do_at = q_at + U(TILE)
 
-                s = score(sh, U(K_AT), U(Q_AT))
-                dp = score(sh, U(V_AT), U(DO_AT))
-                # entries: keys (rows) j0, j1; queries (columns) 8 nt + col_t + 0, 1
-                p_ds(st, dpt, s, dp, 0, sm, m0, col_t, j0, j1, nq, nk, scale)
-                p_ds(st, dpt, s, dp, 1, sm, m0, col_t, j0, j1, nq, nk, scale)
-                p_ds(st, dpt, s, dp, 2, sm, m0, col_t, j0, j1, nq, nk, scale)
-                p_ds(st, dpt, s, dp, 3, sm, m0, col_t, j0, j1, nq, nk, scale)
-                p_ds(st, dpt, s, dp, 4, sm, m0, col_t, j0, j1, nq, nk, scale)
-                p_ds(st, dpt, s, dp, 5, sm, m0, col_t, j0, j1, nq, nk, scale)
-                p_ds(st, dpt, s, dp, 6, sm, m0, col_t, j0, j1, nq, nk, scale)
-                p_ds(st, dpt, s, dp, 7, sm, m0, col_t, j0, j1, nq, nk, scale)
-                # dV += P^T dO, dK += dS^T Q (A from registers: entries 2w, 2w + 1 -> word w)
-                for w in range(P_WORDS):
-                    words[w] = pack(st[2 * w], st[2 * w + 1])
-                grad(sh, sm, dv_acc, words, U(DOT_AT), U(SCRATCH_AT))
-                for w in range(P_WORDS):
-                    words[w] = pack(dpt[2 * w], dpt[2 * w + 1])
-                grad(sh, sm, dk_acc, words, U(QT_AT), U(SCRATCH_AT))
-                # dS (rows: the queries) into shared memory for dQ = dS K
-                store_ds(sh, dpt, 0, row, col_t)
-                store_ds(sh, dpt, 1, row, col_t)
-                store_ds(sh, dpt, 2, row, col_t)
-                store_ds(sh, dpt, 3, row, col_t)
-                store_ds(sh, dpt, 4, row, col_t)
-                store_ds(sh, dpt, 5, row, col_t)
-                store_ds(sh, dpt, 6, row, col_t)
-                store_ds(sh, dpt, 7, row, col_t)
-                fence_proxy_async()
-                cuda.syncthreads()
-                # written out, not a loop: LLVM does not unroll a loop holding a wgmma
-                add_dq_all(dq, dq_half(sh, U(DS_AT), U(KT_AT)), bh, m0, U(0), row, col_t, nq,
-                           d, scale)
-                if D > HALF_D:
-                    add_dq_all(dq, dq_half(sh, U(DS_AT), U(KT_AT + HALF_D * BLOCK)), bh, m0,
-                               U(HALF_D), row, col_t, nq, d, scale)
-                m0 += uBM
+            s = score(sh, U(K_AT), q_at)
+            dp = score(sh, U(V_AT), do_at)
+            # entries: keys (rows) j0, j1; queries (columns) 8 nt + col_t + 0, 1
+            p_ds(st, dpt, s, dp, 0, sm, m0, col_t, j0, j1, nq, nk, scale)
+            p_ds(st, dpt, s, dp, 1, sm, m0, col_t, j0, j1, nq, nk, scale)
+            p_ds(st, dpt, s, dp, 2, sm, m0, col_t, j0, j1, nq, nk, scale)
+            p_ds(st, dpt, s, dp, 3, sm, m0, col_t, j0, j1, nq, nk, scale)
+            p_ds(st, dpt, s, dp, 4, sm, m0, col_t, j0, j1, nq, nk, scale)
+            p_ds(st, dpt, s, dp, 5, sm, m0, col_t, j0, j1, nq, nk, scale)
+            p_ds(st, dpt, s, dp, 6, sm, m0, col_t, j0, j1, nq, nk, scale)
+            p_ds(st, dpt, s, dp, 7, sm, m0, col_t, j0, j1, nq, nk, scale)
+            # dV += P^T dO, dK += dS^T Q (A from registers: entries 2w, 2w + 1 -> word w)
+            for w in range(P_WORDS):
+                words[w] = pack(st[2 * w], st[2 * w + 1])
+            grad(sh, sm, dv_acc, words, do_at, U(SCRATCH_AT))
+            for w in range(P_WORDS):
+                words[w] = pack(dpt[2 * w], dpt[2 * w + 1])
+            grad(sh, sm, dk_acc, words, q_at, U(SCRATCH_AT))
+            # dS (rows: the queries) into shared memory for dQ = dS K
+            store_ds(sh, dpt, 0, row, col_t)
+            store_ds(sh, dpt, 1, row, col_t)
+            store_ds(sh, dpt, 2, row, col_t)
+            store_ds(sh, dpt, 3, row, col_t)
+            store_ds(sh, dpt, 4, row, col_t)
+            store_ds(sh, dpt, 5, row, col_t)
+            store_ds(sh, dpt, 6, row, col_t)
+            store_ds(sh, dpt, 7, row, col_t)
+            fence_proxy_async()
+            cuda.syncthreads()
+            # written out, not a loop: LLVM does not unroll a loop holding a wgmma
+            add_dq_all(dq, dq_half(sh, U(DS_AT), U(K_AT)), bh, m0, U(0), row, col_t, nq, d,
+                       scale)
+            if D > HALF_D:
+                add_dq_all(dq, dq_half(sh, U(DS_AT), U(K_AT + KT_HALF)), bh, m0, U(HALF_D),
+                           row, col_t, nq, d, scale)
+            b ^= U(1)
+        if asynchronous and total == U(0):
+            copies_wait_all()               # K's and V's copies, never waited for
 
         store_dkdv_half(dk, dv, dk_acc, dv_acc, 0, hk, j0, j1, col_t, nk, d, scale)
         if D > HALF_D:
             store_dkdv_half(dk, dv, dk_acc, dv_acc, 8, hk, j0, j1, col_t, nk, d, scale)
 
-    return simulator_launch(DynamicSharedKernel(dkdv16, NBYTES)), WARPGROUP
+    return simulator_launch(DynamicSharedKernel(dkdv16, NBYTES))
+
+
+def dkdv_launcher(D, causal, fmt):
+    """The dK/dV kernel as run_backward launches it: the asynchronous one where q, k, v, dout
+    are 16-byte aligned, else the synchronous one (vector_io.AlignedDispatch)."""
+    return AlignedDispatch(make_dkdv_kernel(D, causal, fmt, True),
+                           make_dkdv_kernel(D, causal, fmt, False), positions=range(4))
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal, fmt,
@@ -285,8 +327,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     pre, threads = make_preprocess(fmt)
     with simulator_switch_interval():
         pre[(ceil_div(nq, threads), *head_grid(bh)), threads, stream](dout, out, Dsum, dq)
-        kernel, threads = make_dkdv_kernel(64 if d <= 64 else 128, bool(causal), fmt)
-        kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads, stream](
+        kernel = dkdv_launcher(64 if d <= 64 else 128, bool(causal), fmt)
+        kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), WARPGROUP, stream](
             q, k, v, dout, lse, Dsum, dk, dv, dq, np.float32(scale), heads, group)
 
 

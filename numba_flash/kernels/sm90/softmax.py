@@ -12,15 +12,44 @@ forward formed it (sm90.operands).
 import functools
 import math
 
+import numpy as np
 from numba import float32
 
-from ..support import NEG_INF, U, inlined_device_function
+from ..support import NEG_INF, SIMULATOR, U, device_function, inlined_device_function
 from .operands import REGS
 from .wgmma import quad_max, quad_sum
 
 
+LOG2E = math.log2(math.e)
+LN2 = math.log(2.0)
+
+if SIMULATOR:
+    @device_function
+    def exp2_approx(x):
+        """2^x in float32 (exactly rounded on the simulator; ex2.approx.f32 on a GPU)."""
+        with np.errstate(over="ignore"):
+            return float32(np.exp2(np.float32(x)))
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def exp2_approx(typingctx, x):
+        """2^x in float32: one ex2.approx.f32 (MUFU.EX2; relative error below 2^-22, subnormal
+        results kept, 2^-inf = 0, NaN stays NaN), where math.exp costs a range reduction and a
+        scaling around it (libdevice's expf)."""
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            fn = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+            return builder.call(ir.InlineAsm(fn, "ex2.approx.f32 $0, $1;", "=f,f"), list(args))
+        return types.float32(x), codegen
+
+
 @functools.lru_cache(maxsize=None)
-def make_online_softmax(causal):
+def make_online_softmax(causal, base2=False):
     """online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk): one
     K/V block's step of the online softmax on a warpgroup's 64 x 64 S (the accumulator entries
     s_acc of rows i0, i1 and keys n0 + col_t.., wgmma.position), in place: S masked (keys past
@@ -28,54 +57,88 @@ def make_online_softmax(causal):
     s_acc = P = exp(S - m); the caller rescales O by alpha. m, l, m_safe, alpha: the thread's
     two rows' (l its share of the row sum, m_safe m or 0 while a row has seen no key); the row
     max over the quad by quad_max (scratch: the simulator's exchange). Shared by both forward
-    kernels (sm90.forward)."""
+    kernels (sm90.forward).
+    base2 (sm90.forward16): S comes in units of log2 (scaled by log2 e), m is kept in them, and
+    every exponential is exp2_approx; lse = m ln 2 + log l (make_finish_rows(base2=True)).
+    Its step takes a further argument, `masked`: False for a block in which every key is
+    visible to every row (neither past nk nor, causal, past the diagonal), whose masking is
+    skipped."""
+    exp = exp2_approx if base2 else math.exp
+
     @inlined_device_function
-    def online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk):
-        # mask, then the row max of this tile: the thread's 16 entries, then its quad's
+    def row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk):
+        """The masked row max of this tile over the thread's 16 entries of each row."""
         mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
         for nt in range(REGS // 4):
             for e in range(4):
                 j = 4 * nt + e
-                key = n0 + U(8 * nt + e % 2) + col_t
-                i = i1 if e // 2 else i0
                 x = s_acc[j]
-                if key >= nk or (causal and key + nq > i + nk):
-                    x = float32(NEG_INF)
-                s_acc[j] = x
+                if masked:
+                    key = n0 + U(8 * nt + e % 2) + col_t
+                    i = i1 if e // 2 else i0
+                    if key >= nk or (causal and key + nq > i + nk):
+                        x = float32(NEG_INF)
+                    s_acc[j] = x
                 if e // 2:
                     mx1 = max(mx1, x)
                 else:
                     mx0 = max(mx0, x)
+        return mx0, mx1
+
+    @inlined_device_function
+    def step(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq, nk):
+        # mask, then the row max of this tile: the thread's 16 entries, then its quad's
+        mx0, mx1 = row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk)
         mx0 = quad_max(sm, scratch, mx0)
         mx1 = quad_max(sm, scratch, mx1)
         for h in range(2):
             m_new = max(m[h], mx1 if h else mx0)
             # guard: a row that has seen no key yet keeps m = -inf, P = 0, O = 0
             m_safe[h] = m_new if m_new != float32(NEG_INF) else float32(0.0)
-            alpha[h] = math.exp(m[h] - m_safe[h])
+            alpha[h] = exp(m[h] - m_safe[h])
             m[h] = m_new
             l[h] *= alpha[h]
         for j in range(REGS):
             h = (j % 4) // 2
-            p = math.exp(s_acc[j] - m_safe[h])
+            p = exp(s_acc[j] - m_safe[h])
             s_acc[j] = p
             l[h] += p
+
+    if base2:
+        return step
+
+    @inlined_device_function
+    def online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk):
+        step(sm, scratch, s_acc, m, l, m_safe, alpha, True, n0, i0, i1, col_t, nq, nk)
     return online_softmax
 
 
-@inlined_device_function
-def finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq):
-    """The end of the online softmax for the thread's rows i0, i1: l summed over the quad,
-    lse = m + log l stored (-inf for a row that saw no key, l = 0; l >= 1 wherever m is finite,
-    the max entry giving exp 0; NaN for a row that met a NaN or +inf logit, l NaN); returns
-    1 / l of both rows (0 for a row that saw no key), O's factors."""
-    l0 = quad_sum(sm, scratch, l[0])
-    l1 = quad_sum(sm, scratch, l[1])
-    if t4 == U(0):
-        if i0 < nq:
-            lse[bh, i0] = m[0] + math.log(l0) if l0 != float32(0.0) else float32(NEG_INF)
-        if i1 < nq:
-            lse[bh, i1] = m[1] + math.log(l1) if l1 != float32(0.0) else float32(NEG_INF)
-    inv0 = float32(1.0) / l0 if l0 != float32(0.0) else float32(0.0)
-    inv1 = float32(1.0) / l1 if l1 != float32(0.0) else float32(0.0)
-    return inv0, inv1
+@functools.lru_cache(maxsize=None)
+def make_finish_rows(base2=False):
+    """finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq): the end of the online softmax
+    for the thread's rows i0, i1: l summed over the quad, lse = m + log l stored (m ln 2 +
+    log l when m is in units of log2, base2; -inf for a row that saw no key, l = 0; l >= 1
+    wherever m is finite, the max entry giving exp 0; NaN for a row that met a NaN or +inf
+    logit, l NaN); returns 1 / l of both rows (0 for a row that saw no key), O's factors."""
+    @inlined_device_function
+    def natural(x):
+        return x * float32(LN2) if base2 else x
+
+    @inlined_device_function
+    def finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq):
+        l0 = quad_sum(sm, scratch, l[0])
+        l1 = quad_sum(sm, scratch, l[1])
+        if t4 == U(0):
+            if i0 < nq:
+                lse[bh, i0] = (natural(m[0]) + math.log(l0) if l0 != float32(0.0)
+                               else float32(NEG_INF))
+            if i1 < nq:
+                lse[bh, i1] = (natural(m[1]) + math.log(l1) if l1 != float32(0.0)
+                               else float32(NEG_INF))
+        inv0 = float32(1.0) / l0 if l0 != float32(0.0) else float32(0.0)
+        inv1 = float32(1.0) / l1 if l1 != float32(0.0) else float32(0.0)
+        return inv0, inv1
+    return finish_rows
+
+
+finish_rows = make_finish_rows()

@@ -12,6 +12,16 @@ its descriptor has LBO = 128 bytes (the next core matrix along K) and SBO = 16 K
 next 8 rows), and a k16 step spans two core matrices along K: step s starts 256 s bytes
 further (16 s in the descriptor's address field, which counts 16-byte units).
 
+Transposed B (`b_rows=W`). A B operand (n x K) may instead be read from a tile staged as
+above with the contraction as its rows: a K-major W-column tile of K rows (W >= n), B's
+element (c, k) being the tile's (k, c) at core_offset16(k, c, W). So V (keys x head dim) is
+the B of P V, and Q, dO, K the B of dS^T Q, P^T dO, dS K, as they are staged for S = Q K^T
+and dP = dO V^T: no transposed copies. wgmma reads it MN-major (its transpose-B flag): PTX's
+canonical MN-major layout without swizzling, ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)) in 16-byte
+units (T = 8 elements), with core matrices of 8 K rows x 16 bytes of N (the tile's own),
+SBO = 128 bytes (the next 8 of N: the next core matrix of the row group) and LBO = 16 W bytes
+(the next 8 of K: the next row group); a k16 step is two row groups, 32 W bytes.
+
     mma_ss(sh, a_at, b_at)      A B^T, A (64 x K) and B (n x K) 16-bit tiles at element
                                 offsets a_at, b_at of the shared array sh, K // 16 steps
                                 chained in a fresh accumulator, one wait: a tuple of n / 2
@@ -121,9 +131,13 @@ if SIMULATOR:
             return float32(decode_host(np.array([np.uint32(bits) & 0xFFFF], np.uint16), fmt)[0])
         return unpack_half
 
-    def _products16(n, KA, KB, fmt):
+    def _products16(n, KA, KB, fmt, b_rows):
         """products16 on the simulator: NumPy models."""
         regs = n // 2
+
+        def b_offset(c, k, K):
+            return core_offset16_host(c, k, K) if b_rows is None else \
+                core_offset16_host(k, c, b_rows)
 
         # index arrays of a thread's entries, computed once per (warp, lane): with them
         # vectorized, one NumPy model call per product and thread (128 Python threads)
@@ -131,7 +145,7 @@ if SIMULATOR:
         def ss_indices(warp, lane):
             r, c = _entries(regs, warp, lane)
             k = np.arange(KA)
-            return core_offset16_host(r[:, None], k, KA), core_offset16_host(c[:, None], k, KA)
+            return core_offset16_host(r[:, None], k, KA), b_offset(c[:, None], k, KA)
 
         @functools.lru_cache(maxsize=None)
         def rs_indices(warp, lane):
@@ -142,7 +156,7 @@ if SIMULATOR:
             r, c = _entries(regs, warp, lane)
             k = np.arange(KB)
             return (rows * KB + ks + STEP16 * (w // 4), r[:, None] * KB + k,
-                    core_offset16_host(c[:, None], k, KB))
+                    b_offset(c[:, None], k, KB))
 
         @cuda.jit(device=True)
         def mma_ss(sh, a_at, b_at):
@@ -214,18 +228,20 @@ else:
             return types.float32(bits), codegen
         return unpack_half
 
-    def _ss_intrinsic(n, steps, fmt):
+    def _ss_intrinsic(n, steps, fmt, b_step, b_trans):
         """A B^T over `steps` k16 steps, both operands by descriptor (step 0's; step s adds
-        16 s), chained in a fresh accumulator (scale-d false on the first), one wait."""
+        16 s to A's, b_step s to B's), B transposed (MN-major) if b_trans, chained in a fresh
+        accumulator (scale-d false on the first), one wait."""
         regs = n // 2
         t = _PTX_TYPE[fmt]
         lines = ["{", ".reg .pred p;", ".reg .b64 ad, bd;",
                  f"setp.ne.b32 p, ${regs + 2}, 0;", "wgmma.fence.sync.aligned;"]
         acc = "{" + ", ".join(f"${i}" for i in range(regs)) + "}"
         for s in range(steps):
-            lines += [f"add.s64 ad, ${regs}, {16 * s};", f"add.s64 bd, ${regs + 1}, {16 * s};",
+            lines += [f"add.s64 ad, ${regs}, {16 * s};",
+                      f"add.s64 bd, ${regs + 1}, {b_step * s};",
                       f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {acc}, ad, bd, "
-                      f"{'p' if s == 0 else '1'}, 1, 1, 0, 0;"]
+                      f"{'p' if s == 0 else '1'}, 1, 1, 0, {int(b_trans)};"]
         lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
         text = "\n".join(lines)
         constraints = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)])
@@ -248,10 +264,11 @@ else:
             return result(a_desc, b_desc), codegen
         return mma
 
-    def _rs_intrinsic(n, steps, fmt):
+    def _rs_intrinsic(n, steps, fmt, b_step, b_trans):
         """acc += A B^T over `steps` k16 steps, A from registers (a local uint32 array, 4 words
-        a step), B by descriptor (step 0's; step s adds 16 s), accumulated in the tensor core
-        into acc (a local float32 array of n / 2, read and written back), one wait."""
+        a step), B by descriptor (step 0's; step s adds b_step s), transposed (MN-major) if
+        b_trans, accumulated in the tensor core into acc (a local float32 array of n / 2,
+        read and written back), one wait."""
         regs = n // 2
         n_a = 4 * steps
         t = _PTX_TYPE[fmt]
@@ -259,9 +276,9 @@ else:
         acc = "{" + ", ".join(f"${i}" for i in range(regs)) + "}"
         for s in range(steps):
             a = "{" + ", ".join(f"${regs + 4 * s + i}" for i in range(4)) + "}"
-            lines += [f"add.s64 bd, ${regs + n_a}, {16 * s};",
+            lines += [f"add.s64 bd, ${regs + n_a}, {b_step * s};",
                       f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {acc}, {a}, bd, "
-                      f"1, 1, 1, 0;"]
+                      f"1, 1, 1, {int(b_trans)};"]
         lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
         text = "\n".join(lines)
         constraints = ",".join(["=f"] * regs + ["r"] * n_a + ["l"]
@@ -293,34 +310,46 @@ else:
             return types.void(acc, a, b_desc), codegen
         return mma
 
-    def _products16(n, KA, KB, fmt):
+    def _products16(n, KA, KB, fmt, b_rows):
         """products16 on a GPU: the wgmma instructions."""
-        ss = _ss_intrinsic(n, KA // STEP16, fmt)
-        rs = _rs_intrinsic(n, KB // STEP16, fmt)
-        lbo = uint64(128) >> 4
-        sbo_a, sbo_b = uint64(16 * KA) >> 4, uint64(16 * KB) >> 4
+        trans = b_rows is not None
+        # descriptor fields in 16-byte units: (LBO, SBO) of a K-major tile, K-major A (K
+        # columns) and B; a transposed B's (see the module); the B step
+        k_major = lambda K: (uint64(128 >> 4), uint64(16 * K >> 4))    # noqa: E731
+        a_ss, b_ss, b_rs = k_major(KA), k_major(KA), k_major(KB)
+        b_step = 16
+        if trans:
+            b_ss = b_rs = (uint64(16 * b_rows >> 4), uint64(128 >> 4))
+            b_step = 2 * b_rows
+        ss = _ss_intrinsic(n, KA // STEP16, fmt, b_step, trans)
+        rs = _rs_intrinsic(n, KB // STEP16, fmt, b_step, trans)
 
         @cuda.jit(device=True)
-        def descriptor(base, at, sbo):
+        def descriptor(base, at, lbo_sbo):
             addr = base + uint32(2 * at)            # at: a 16-bit element offset
-            return uint64((addr & 0x3FFFF) >> 4) | (lbo << 16) | (sbo << 32)
+            return (uint64((addr & 0x3FFFF) >> 4) | (lbo_sbo[0] << uint64(16))
+                    | (lbo_sbo[1] << uint64(32)))
 
         @cuda.jit(device=True)
         def mma_ss(sh, a_at, b_at):
             base = shared_address(sh)
-            return ss(descriptor(base, a_at, sbo_a), descriptor(base, b_at, sbo_a))
+            return ss(descriptor(base, a_at, a_ss), descriptor(base, b_at, b_ss))
 
         @cuda.jit(device=True)
         def mma_rs(sh, sm, acc, a, b_at, scratch):
-            rs(acc, a, descriptor(shared_address(sh), b_at, sbo_b))
+            rs(acc, a, descriptor(shared_address(sh), b_at, b_rs))
         return dict(mma_ss=mma_ss, mma_rs=mma_rs, regs=n // 2)
 
 
 @functools.lru_cache(maxsize=None)
-def products16(n, KA, KB, fmt):
+def products16(n, KA, KB, fmt, b_rows=None):
     """dict(mma_ss=..., mma_rs=..., regs=n // 2) for a 64 x n block of 16-bit products in
     format fmt: mma_ss with A 64 x KA and B n x KA tiles, mma_rs with a register A 64 x KB and
-    B an n x KB tile (see the module); ValueError for shapes wgmma lacks."""
+    B an n x KB tile; b_rows=W: B read transposed from a W-column tile whose rows are the
+    contraction (see the module); ValueError for shapes wgmma lacks."""
     _check(fmt, n, KA)
     _check(fmt, n, KB)
-    return _products16(n, KA, KB, fmt)
+    if b_rows is not None and (b_rows % 8 or b_rows < n):
+        raise ValueError(f"a transposed B needs a tile of at least n={n} columns, a multiple "
+                         f"of 8, got b_rows={b_rows}")
+    return _products16(n, KA, KB, fmt, b_rows)

@@ -1,0 +1,81 @@
+"""Staging 16-bit tiles (tokens x head dim, as stored) into shared memory in wgmma16's
+K-major layout, in 16-byte chunks: a chunk is 8 consecutive elements of one stored row
+(src[head, row, 8 c : 8 c + 8]) and row r % 8 of core matrix (r // 8, c), so it moves in one
+16-byte copy. Every tile of the 16-bit kernels is staged so; where a product needs it the
+other way round (V in P V, Q in dS^T Q, ...) wgmma reads it transposed (wgmma16's b_rows).
+
+A warp moves 8 rows x 4 chunks at a time (lane = row % 8 + 8 x chunk % 4): 64 contiguous
+bytes of each of 8 stored rows (whole 32-byte sectors) into 4 whole core matrices (512
+contiguous bytes of shared memory: no bank conflicts).
+
+Two ways, chosen per launch (vector_io.AlignedDispatch): asynchronous (vector_io.copy16,
+cp.async; the caller commits, waits and fences) where the arrays' data pointers and rows are
+16-byte aligned (d a multiple of 8), else synchronous element by element (any d, any view).
+Elements past the rows n or the head dim d are staged as zeros.
+"""
+
+import functools
+
+from numba import cuda, uint16
+
+from ..support import U, inlined_device_function
+from ..vector_io import copies_commit, copy16
+
+CHUNK = 8          # elements of a 16-byte chunk
+
+
+@functools.lru_cache(maxsize=None)
+def make_stage16(R, C, asynchronous, threads):
+    """stage(sh, at, src, head, row0, n, d): the R x C tile src[head, row0 : row0 + R, :C]
+    (zero past row n and column d) into the uint16 shared array sh at element offset `at`
+    (a multiple of 8; wgmma16.core_offset16(r, c, C)), by `threads` threads (thread index
+    modulo threads)."""
+    C8 = C // CHUNK
+    if R % 8 or C8 % 4 or (R * C8) % threads or threads % 32:
+        raise ValueError(f"a {R} x {C} tile cannot be staged by {threads} threads in warps of "
+                         f"8 rows x 4 chunks")
+    PER = R * C8 // threads       # chunks a thread moves
+    BLOCKS_C = C8 // 4            # a warp's 8 x 4 chunk blocks along the chunks
+    uC8 = U(C8)
+
+    @cuda.jit(device=True)
+    def chunk_at(w, lane):
+        """(r, c, element offset in the tile) of the chunk `lane` of warp-block w moves."""
+        r = (w // U(BLOCKS_C)) * U(8) + lane % U(8)
+        c = (w % U(BLOCKS_C)) * U(4) + lane // U(8)
+        return r, c, ((r // U(8)) * uC8 + c) * U(64) + (r % U(8)) * U(CHUNK)
+
+    @cuda.jit(device=True)
+    def stage(sh, at, src, head, row0, n, d):
+        tid = U(cuda.threadIdx.x) % U(threads)
+        for i in range(PER):
+            w = tid // U(32) + U(i * (threads // 32))
+            r, c, off = chunk_at(w, tid % U(32))
+            row, col = row0 + r, c * U(CHUNK)
+            if asynchronous:
+                ok = row < n and col < d
+                copy16(sh, at + off, src, head, row if ok else U(0), col if ok else U(0),
+                       U(16) if ok else U(0))
+            else:
+                for e in range(CHUNK):
+                    x = uint16(0)
+                    if row < n and col + U(e) < d:
+                        x = src[head, row, col + U(e)]
+                    sh[at + off + U(e)] = x
+    return stage
+
+
+@functools.lru_cache(maxsize=None)
+def make_stage_pair(R, C, asynchronous, threads):
+    """stage_pair(sh, at, x, y, head, row0, n, d): the R x C tiles of x and y (rows row0..)
+    at `at` and R C elements further, as make_stage16's stage; asynchronous: one cp.async
+    group of both (committed). The pipelines' next stage: K and V, or Q and dO."""
+    stage = make_stage16(R, C, asynchronous, threads)
+
+    @inlined_device_function
+    def stage_pair(sh, at, x, y, head, row0, n, d):
+        stage(sh, at, x, head, row0, n, d)
+        stage(sh, at + U(R * C), y, head, row0, n, d)
+        if asynchronous:
+            copies_commit()
+    return stage_pair
