@@ -133,21 +133,20 @@ def variant(name, base, **changes):
 
 def auto_order(device, d):
     """The pairs "auto" tries for head dim d, fastest first. On an sm_90 GPU the Hopper pairs:
-    for half inputs wgmma16 at d <= 64 (forward and backward on 16-bit products: 0.94-1.19x
-    wgmma16-tf32bwd in forward+backward, 1.13-1.19x at N >= 4k) and wgmma16-tf32bwd above (its
-    TF32 backward 1.16-1.22x wgmma16's there), both on the H200 in bfloat16, 2026-12-04;
-    for float32 wgmma (1.3-1.6x fa2 in forward+backward; docs/performance.md); elsewhere
-    fa2. On the simulator fa2 as well: there the Hopper pairs' tensor-core products are
+    for half inputs wgmma16 (forward and backward on 16-bit products: 1.02-1.97x
+    wgmma16-tf32bwd in forward+backward, d = 64 and 128, on the H200 in bfloat16,
+    2026-12-04 05:49 UTC); for float32 wgmma (1.3-1.6x fa2 in forward+backward;
+    docs/performance.md); elsewhere fa2. On the simulator fa2 as well: there the Hopper pairs' tensor-core products are
     NumPy models, several times slower than fa2's FFMA loops."""
     if device != "sm_90":
         return ("fa2",)
-    return ("wgmma16" if d <= 64 else "wgmma16-tf32bwd", "wgmma", "fa2")
+    return ("wgmma16", "wgmma", "fa2")
 
 
 def kernel_dtype(dtype):
     """The dtype the kernels run `dtype` inputs in: float32 for the half formats (float16,
-    bfloat16: the API widens them on the device and rounds the results back; no registered
-    pair has half products yet), else dtype itself."""
+    bfloat16: the API widens them on the device and rounds the results back), except for a
+    pair with half_storage (runs_itself), else dtype itself."""
     return np.dtype(np.float32) if half_format(dtype) else np.dtype(dtype)
 
 
@@ -275,4 +274,4 @@ register(_hopper16_pair(
 register(_hopper16_pair(
     "wgmma16-tf32bwd", backward16.run_widened,
     "wgmma16's forward, then wgmma's backward (3xTF32, 2 products a step) on the inputs "
-    "widened to float32, S formed there from scale Q: auto's half pair at 64 < d <= 128"))
+    "widened to float32, S formed there from scale Q (the 16-bit backward's comparison)"))

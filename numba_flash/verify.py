@@ -4,7 +4,8 @@ bfloat16, float32, float64), against truth.
 
 By default the pairs `flash_attention_forward`/`flash_attention_backward` run here with
 kernel="auto" (registry.resolve per case and dtype: on an H200 with d <= 128 wgmma for
-float32, and for the half dtypes wgmma16 at d <= 64, wgmma16-tf32bwd above; fa2 otherwise); `kernels=` names pairs, `all_pairs=True` takes every registered one. Truth in
+float32, wgmma16 for the half dtypes; fa2 otherwise); `kernels=` names pairs, `all_pairs=True`
+takes every registered one. Truth in
 float64 (that of float32 kernels) is computed on the GPU when CuPy or torch can
 (testing.truth), under the same tolerance rule (testing.tolerance). On a GPU with the disk
 cache on, the plan's kernels are first compiled in parallel processes (precompile.py)."""

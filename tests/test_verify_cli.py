@@ -83,8 +83,7 @@ def test_default_plan_follows_auto_per_case_and_dtype():
     steps = plan(GPU_CASES, device="sm_90")
     assert len(steps) == 4 * len(GPU_CASES)
     for st in steps:
-        hopper = ("wgmma" if st.dtype == "float32" else "wgmma16" if st.case.d <= 64
-                  else "wgmma16-tf32bwd")
+        hopper = "wgmma" if st.dtype == "float32" else "wgmma16"
         want = hopper if st.dtype != "float64" and st.case.d <= 128 else "fa2"
         assert st.pairs == (want,), (st.case, st.dtype)
     assert {st.pairs for st in plan(GPU_CASES, device="sm_80")} == {("fa2",)}

@@ -10,7 +10,7 @@ import threading
 
 import numba
 import numpy as np
-from numba import cuda
+from numba import cuda, float32
 
 from .cache import cached_jit  # noqa: F401  (the kernels' jit: cuda.jit with the disk cache)
 
@@ -302,14 +302,43 @@ def wake_simulator_barriers_by_condition():
 wake_simulator_barriers_by_condition()
 
 
+if SIMULATOR:
+    @device_function
+    def exp2_approx(x):
+        """2^x in float32 (exactly rounded on the simulator; ex2.approx.f32 on a GPU)."""
+        with np.errstate(over="ignore"):
+            return float32(np.exp2(np.float32(x)))
+else:
+    from llvmlite import ir
+    from numba import types
+    from numba.cuda.extending import intrinsic
+
+    @intrinsic
+    def exp2_approx(typingctx, x):
+        """2^x in float32: one ex2.approx.f32 (MUFU.EX2; relative error below 2^-22, subnormal
+        results kept, 2^-inf = 0, NaN stays NaN), where math.exp costs a range reduction and a
+        scaling around it (libdevice's expf)."""
+        if x != types.float32:
+            return None
+
+        def codegen(context, builder, sig, args):
+            fn = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
+            return builder.call(ir.InlineAsm(fn, "ex2.approx.f32 $0, $1;", "=f,f"), list(args))
+        return types.float32(x), codegen
+
+
 @functools.lru_cache(maxsize=None)
-def make_recompute_p(T, causal):
-    """recompute_p(s_ij, lse_i, i, j, nq, nk), every backward's P from the forward's lse."""
+def make_recompute_p(T, causal, base2=False):
+    """recompute_p(s_ij, lse_i, i, j, nq, nk), every backward's P from the forward's lse;
+    base2 (float32, sm90.backward16): S and lse in units of log2 (times log2 e), P by
+    exp2_approx."""
+    exp = exp2_approx if base2 else math.exp
+
     def recompute_p(s_ij, lse_i, i, j, nq, nk):
         """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk), 0
         elsewhere and on rows that saw no key (lse = -inf)."""
         if i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF):
-            return math.exp(s_ij - lse_i)
+            return exp(s_ij - lse_i)
         return T(0.0)
     # on the simulator a plain function: no lock per call (device_function)
     return recompute_p if SIMULATOR else cuda.jit(device=True, forceinline=True)(recompute_p)

@@ -11,7 +11,8 @@ pair's backward (registry.py), after its forward (sm90/forward16.py).
                         float32 as the forward scales S: the same products, the forward's
                         S bit for bit up to the tensor core's order of additions
       dP^T = V dO^T
-      P = exp(S - lse_i), dS = P (dP - D_i)   (float32; 0 where masked)
+      P = exp(S - lse_i), dS = P (dP - D_i)   (float32; 0 where masked; the exponential in
+                        units of log2 by ex2.approx, as the forward's)
       dV += P^T dO      A = P^T rounded and packed (wgmma16.a_fragment16), B = dO read
                         transposed from its tile (wgmma16's b_rows: no transposed copies)
       dK += dS^T Q      A = dS^T likewise, B = Q likewise; dK times scale at the end
@@ -25,8 +26,8 @@ dK and dV are summed in registers over every Q block and head of the group and s
 (float32; the API rounds them to the inputs' format).
 
 deterministic=True (no atomics) runs wgmma's widened backward instead (run_widened, which is
-also the "wgmma16-tf32bwd" pair's backward: on the H200 this kernel is 0.94-1.19x it at d <= 64
-and 0.82-0.86x at d = 128, docs/performance.md).
+also the "wgmma16-tf32bwd" pair's backward: on the H200 the pair with this kernel is 1.02-1.97x
+that pair in forward+backward, docs/performance.md).
 """
 
 import functools
@@ -40,6 +41,7 @@ from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, ceil_d
 from ..vector_io import AlignedDispatch, copies_commit, make_copies_wait
 from .backward import check_tiles, run_backward as run_tf32
 from .operands import BLOCK, REGS
+from .softmax import LOG2E
 from .stage16 import make_stage16, make_stage_pair
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
 from .wgmma16 import core_offset16, core_offset16_host, make_pack_half2, make_unpack_half, products16
@@ -102,7 +104,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
     stage = make_stage16(BLOCK, D, asynchronous, WARPGROUP)   # Q, K, V, dO: tokens x d
     stage_q_block = make_stage_pair(BLOCK, D, asynchronous, WARPGROUP)     # Q, then dO
     pack = make_pack_half2(fmt)
-    recompute_p = make_recompute_p(float32, causal)
+    recompute_p = make_recompute_p(float32, causal, base2=True)   # S, lse in log2 units
     uBM = U(BLOCK)
 
     @inlined_device_function
@@ -133,13 +135,14 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
     # 256 / 768 bytes of stack at d = 64 / 128 before this)
 
     @inlined_device_function
-    def p_ds(st, dpt, s, dp, nt, sm, m0, col_t, j0, j1, nq, nk, scale):
+    def p_ds(st, dpt, s, dp, nt, sm, m0, col_t, j0, j1, nq, nk, scale_log2):
         """Entries 4 nt..4 nt + 3 (keys j0, j1; queries m0 + 8 nt + col_t + 0, 1): P^T =
-        exp(S^T - lse) where visible, dS^T = P^T (dP^T - D)."""
+        exp(S^T - lse) = 2^(S^T scale log2 e - lse log2 e) where visible (the staged lse is
+        in log2 units), dS^T = P^T (dP^T - D)."""
         for e in range(4):
             jj = 4 * nt + e
             c = U(8 * nt + e % 2) + col_t
-            p = recompute_p(s[jj] * scale, sm[U(LSE_AT) + c], m0 + c, j1 if e // 2 else j0,
+            p = recompute_p(s[jj] * scale_log2, sm[U(LSE_AT) + c], m0 + c, j1 if e // 2 else j0,
                             nq, nk)
             st[jj] = p
             dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])
@@ -197,6 +200,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
         warp, lane = tid // U(32), tid % U(32)
         n0 = U(cuda.blockIdx.x) * uBM                 # this block's keys n0 .. n0 + 63
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        scale_log2 = scale * float32(LOG2E)
         g4, t4 = lane // U(4), lane % U(4)
         row, col_t = warp * U(16) + g4, t4 * U(2)
         j0, j1 = n0 + row, n0 + row + U(8)            # this thread's keys (accumulator rows)
@@ -234,7 +238,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
             m0 = m_start + (step % blocks) * uBM
             cuda.syncthreads()              # the last Q block's tiles and lse, D are read
             if tid < uBM:
-                sm[U(LSE_AT) + tid] = lse_next
+                sm[U(LSE_AT) + tid] = lse_next * float32(LOG2E)
                 sm[U(DSUM_AT) + tid] = d_next
             step += U(1)
             if step < total:
@@ -258,14 +262,14 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
             s = score(sh, U(K_AT), q_at)
             dp = score(sh, U(V_AT), do_at)
             # entries: keys (rows) j0, j1; queries (columns) 8 nt + col_t + 0, 1
-            p_ds(st, dpt, s, dp, 0, sm, m0, col_t, j0, j1, nq, nk, scale)
-            p_ds(st, dpt, s, dp, 1, sm, m0, col_t, j0, j1, nq, nk, scale)
-            p_ds(st, dpt, s, dp, 2, sm, m0, col_t, j0, j1, nq, nk, scale)
-            p_ds(st, dpt, s, dp, 3, sm, m0, col_t, j0, j1, nq, nk, scale)
-            p_ds(st, dpt, s, dp, 4, sm, m0, col_t, j0, j1, nq, nk, scale)
-            p_ds(st, dpt, s, dp, 5, sm, m0, col_t, j0, j1, nq, nk, scale)
-            p_ds(st, dpt, s, dp, 6, sm, m0, col_t, j0, j1, nq, nk, scale)
-            p_ds(st, dpt, s, dp, 7, sm, m0, col_t, j0, j1, nq, nk, scale)
+            p_ds(st, dpt, s, dp, 0, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
+            p_ds(st, dpt, s, dp, 1, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
+            p_ds(st, dpt, s, dp, 2, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
+            p_ds(st, dpt, s, dp, 3, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
+            p_ds(st, dpt, s, dp, 4, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
+            p_ds(st, dpt, s, dp, 5, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
+            p_ds(st, dpt, s, dp, 6, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
+            p_ds(st, dpt, s, dp, 7, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
             # dV += P^T dO, dK += dS^T Q (A from registers: entries 2w, 2w + 1 -> word w)
             for w in range(P_WORDS):
                 words[w] = pack(st[2 * w], st[2 * w + 1])

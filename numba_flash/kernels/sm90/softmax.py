@@ -12,40 +12,15 @@ forward formed it (sm90.operands).
 import functools
 import math
 
-import numpy as np
 from numba import float32
 
-from ..support import NEG_INF, SIMULATOR, U, device_function, inlined_device_function
+from ..support import NEG_INF, U, exp2_approx, inlined_device_function
 from .operands import REGS
 from .wgmma import quad_max, quad_sum
 
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
-
-if SIMULATOR:
-    @device_function
-    def exp2_approx(x):
-        """2^x in float32 (exactly rounded on the simulator; ex2.approx.f32 on a GPU)."""
-        with np.errstate(over="ignore"):
-            return float32(np.exp2(np.float32(x)))
-else:
-    from llvmlite import ir
-    from numba import types
-    from numba.cuda.extending import intrinsic
-
-    @intrinsic
-    def exp2_approx(typingctx, x):
-        """2^x in float32: one ex2.approx.f32 (MUFU.EX2; relative error below 2^-22, subnormal
-        results kept, 2^-inf = 0, NaN stays NaN), where math.exp costs a range reduction and a
-        scaling around it (libdevice's expf)."""
-        if x != types.float32:
-            return None
-
-        def codegen(context, builder, sig, args):
-            fn = ir.FunctionType(ir.FloatType(), [ir.FloatType()])
-            return builder.call(ir.InlineAsm(fn, "ex2.approx.f32 $0, $1;", "=f,f"), list(args))
-        return types.float32(x), codegen
 
 
 @functools.lru_cache(maxsize=None)
