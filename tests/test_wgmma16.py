@@ -130,8 +130,8 @@ def roundtrip_kernel(fmt):
         if i < bits.size:
             w = pack(x[2 * i], x[2 * i + 1])
             bits[i] = w
-            lo[i] = unpack(w & uint32(0xFFFF))
-            hi[i] = unpack(w >> uint32(16))
+            lo[i] = unpack(uint32(w & uint32(0xFFFF)))    # numba types uint32 & uint32 as uint64
+            hi[i] = unpack(uint32(w >> uint32(16)))
     return roundtrip
 
 
