@@ -99,7 +99,7 @@ MUTANTS = {m.name: m for m in (
     # unnormalized O sums up to Nk values of |v|), edited into the simulator's model of the
     # products (wgmma16.py)
     Mutant("S not scaled (wgmma16)", "forward", "sm90.forward16",
-           "s_acc[j] = s[j] * scale", "s_acc[j] = s[j]", _R, "wgmma16"),
+           "s_acc[j] = s[j] * scale_log2", "s_acc[j] = s[j]", _R, "wgmma16"),
     Mutant("P's keys swapped in pairs (wgmma16)", "forward", "sm90.forward16",
            "p_regs[w] = pack(s_acc[2 * w], s_acc[2 * w + 1])",
            "p_regs[w] = pack(s_acc[2 * w + 1], s_acc[2 * w])", _R, "wgmma16"),
@@ -115,16 +115,29 @@ MUTANTS = {m.name: m for m in (
            "acc[j] = float32(np.float16(np.float64(acc[j]) + exact[j]))", _R, "wgmma16",
            via="sm90.forward16", simulator_only=True, regimes=("large v",)),
     Mutant("P rounded to float16 before the max is subtracted (wgmma16)", "forward",
-           "sm90.softmax", "p = math.exp(s_acc[j] - m_safe[h])",
-           "p = float32(__import__('numpy').float16(math.exp(s_acc[j]))) "
-           "* math.exp(-m_safe[h])", _R, "wgmma16", via="sm90.forward16",
+           "sm90.softmax", "p = exp(s_acc[j] - m_safe[h])",
+           "p = float32(__import__('numpy').float16(exp(s_acc[j]))) "
+           "* exp(-m_safe[h])", _R, "wgmma16", via="sm90.forward16",
            simulator_only=True),
+    # its pipeline (two stages of K/V, cp.async; on the simulator the copies land at once, so
+    # staging the next block over this one replaces the tile before its products read it) and
+    # the blocks it leaves unmasked
+    Mutant("next K/V block staged over this one (wgmma16)", "forward", "sm90.forward16",
+           "stage_kv(sh, U(KV_AT) + (b ^ U(1)) * U(2 * TILE)",
+           "stage_kv(sh, U(KV_AT) + b * U(2 * TILE)", _R, "wgmma16", size="simulator-blocks"),
+    Mutant("every block left unmasked (wgmma16)", "forward", "sm90.forward16",
+           "masked = n1 > nk or (causal and n1 - U(1) + nq > row0 + nk)", "masked = False",
+           _R, "wgmma16"),
     # the 16-bit backward (sm90.backward16)
     Mutant("dS held in float16 (wgmma16)", "backward", "sm90.backward16",
            "words[w] = pack(dpt[2 * w], dpt[2 * w + 1])",
            "words[w] = pack(float32(__import__('numpy').float16(dpt[2 * w])), "
            "float32(__import__('numpy').float16(dpt[2 * w + 1])))", _B, "wgmma16",
            simulator_only=True, regimes=("tiny dO",)),
+    Mutant("next Q block staged over this one (wgmma16)", "backward", "sm90.backward16",
+           "stage_q_block(sh, U(QDO_AT) + (b ^ U(1)) * U(2 * TILE)",
+           "stage_q_block(sh, U(QDO_AT) + b * U(2 * TILE)", _B, "wgmma16",
+           size="simulator-blocks"),
     Mutant("D left out of dS (wgmma16)", "backward", "sm90.backward16",
            "dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])", "dpt[jj] = p * dp[jj]", _B,
            "wgmma16"),
