@@ -168,7 +168,7 @@ def test_wgmma16_forward_rejects_what_it_cannot_take():
     with pytest.raises(ValueError, match="head dims 1..128"):
         forward16.make_forward_kernel(64, 64, 129, False, np.dtype(np.float16))
     with pytest.raises(ValueError, match="fixed tiles"):
-        forward16.make_forward_kernel(128, 64, 64, False, np.dtype(np.float16))
+        forward16.make_forward_kernel(64, 64, 64, False, np.dtype(np.float16))
 
 
 def _check(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0, deterministic=False):
@@ -217,11 +217,11 @@ def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
         lse = cuda.to_device(np.zeros((2, nq), np.float32))
         args = [cuda.to_device(x) for x in (q, k, v)]
         fwd = forward16.make_kernel(D, True, "float16", asynchronous)
-        fwd[(2, 2), 128](*args, out, lse, np.float32(0.2 * forward16.LOG2E), 2, 2)
+        fwd[(1, 2), forward16.THREADS](*args, out, lse, np.float32(0.2 * forward16.LOG2E), 2, 2)
         grads = [cuda.to_device(np.zeros(x.shape, np.float32)) for x in (q, k, v)]
         bwd = backward16.make_dkdv_kernel(D, True, "float16", asynchronous)
-        bwd[(3, 1), 128](*args, cuda.to_device(dout), lse, cuda.to_device(Dsum), grads[1], grads[2], grads[0],
-                         np.float32(0.2), 2, 2)
+        bwd[(2, 1), backward16.THREADS](*args, cuda.to_device(dout), lse, cuda.to_device(Dsum),
+                                        grads[1], grads[2], grads[0], np.float32(0.2), 2, 2)
         results.append([x.copy_to_host() for x in (out, lse, *grads)])
     for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
         if name == "dq":        # added by atomics from every K/V block: in any order

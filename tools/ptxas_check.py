@@ -123,7 +123,8 @@ def kernels():
                 yield label, kernel, DQ_ARGS
     for causal, fmt, d in ((c, f, d) for c in (False, True) for f in ("bfloat16", "float16")
                            for d in (64, 128)):
-        launcher, _ = sm90_forward16.make_forward_kernel(64, 64, d, causal, np.dtype(fmt))
+        launcher, _ = sm90_forward16.make_forward_kernel(*sm90_forward16.tiles(d), d, causal,
+                                                         np.dtype(fmt))
         for label, kernel in _dispatchers(f"sm90 forward16 d={d} {fmt} causal={causal}",
                                           launcher):
             yield label, kernel, FORWARD16_ARGS

@@ -4,8 +4,9 @@ dS rounded to the format before they multiply (FlashAttention's rounding); the "
 pair's backward (registry.py), after its forward (sm90/forward16.py).
 
     preprocess          D = rowsum(dO * O) in float32, one thread per row; dq zeroed.
-    dK/dV kernel        one warpgroup per K/V block of 64 keys, over the query heads that share
-                        its key head and their Q blocks (rows i):
+    dK/dV kernel        two warpgroups per block of 128 keys, 64 keys each, over the query
+                        heads that share its key head and their Q blocks (rows i), which
+                        both read (half the Q/dO traffic of 64-key blocks):
       S^T = K Q^T       wgmma m64n64k16 (M = the keys, as FlashAttention's backward has it, so
                         that P^T and dS^T come out as register A operands), then scaled in
                         float32 as the forward scales S: the same products, the forward's
@@ -42,13 +43,16 @@ from ..vector_io import AlignedDispatch, copies_commit, make_copies_wait
 from .backward import check_tiles, run_backward as run_tf32
 from .operands import BLOCK, REGS
 from .softmax import LOG2E
-from .stage16 import make_stage16, make_stage_pair
+from .stage16 import make_stage_pair
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
 from .wgmma16 import core_offset16, core_offset16_host, make_pack_half2, make_unpack_half, products16
 
 P_WORDS = REGS // 2         # a 64 x 64 accumulator rounded, two entries to a word
 HALF_D = 64                 # dQ's head-dim columns per product
 STAGES = 2                  # Q/dO blocks in shared memory: one computed on, the next arriving
+WARPGROUPS = 2              # consumers of each Q/dO block, 64 keys each
+BLOCK_N = WARPGROUPS * BLOCK
+THREADS = WARPGROUPS * WARPGROUP
 copies_wait_but_one = make_copies_wait(1)
 copies_wait_all = make_copies_wait(0)
 
@@ -77,7 +81,7 @@ def make_preprocess(fmt):
 
 @functools.lru_cache(maxsize=None)
 def make_dkdv_kernel(D, causal, fmt, asynchronous):
-    """The dK/dV kernel for head dims up to D (64 or 128): grid (ceil(Nk / 64), B*Hk), 128
+    """The dK/dV kernel for head dims up to D (64 or 128): grid (ceil(Nk / 128), B*Hk), 256
     threads, arguments (q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group): q, k, v,
     dout (B*H or B*Hk, N, d) uint16 patterns of `fmt`, lse and Dsum (B*H, Nq) float32, dk, dv
     (B*Hk, Nk, d) and dq (B*H, Nq, d) float32 (dq zeroed: added into); asynchronous: tiles
@@ -85,15 +89,17 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
     element (stage16). Returns the launchable kernel."""
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
-    # 16-bit element offsets: K, V once; Q and dO of a Q block in two stages; dS
+    # 16-bit element offsets: K, V of both warpgroups' keys once (warpgroup w's TILE w on);
+    # Q and dO of a Q block in two stages; each warpgroup's dS
     TILE = BLOCK * D
-    K_AT, V_AT, QDO_AT = 0, TILE, 2 * TILE      # Q of stage b at QDO_AT + 2 TILE b, dO TILE on
+    K_AT, V_AT = 0, WARPGROUPS * TILE
+    QDO_AT = 2 * WARPGROUPS * TILE              # Q of stage b at QDO_AT + 2 TILE b, dO TILE on
     DS_AT = QDO_AT + STAGES * 2 * TILE
-    ELEMENTS = DS_AT + BLOCK * BLOCK
+    ELEMENTS = DS_AT + WARPGROUPS * BLOCK * BLOCK
     LSE_AT = ELEMENTS // 2                # floats: the Q block's lse and D (-inf, 0 past Nq)
     DSUM_AT = LSE_AT + BLOCK
-    SCRATCH_AT = DSUM_AT + BLOCK                              # the simulator's exchanges
-    NBYTES = 2 * ELEMENTS + 4 * 2 * BLOCK + (4 * SCRATCH if SIMULATOR else 0)
+    SCRATCH_AT = DSUM_AT + BLOCK          # the simulator's exchanges, per warpgroup
+    NBYTES = 2 * ELEMENTS + 4 * 2 * BLOCK + (4 * WARPGROUPS * SCRATCH if SIMULATOR else 0)
     ACC = D // 2                                              # dK's and dV's entries
     score = products16(BLOCK, D, BLOCK, fmt)["mma_ss"]       # 64 keys x 64 queries, K = D
     # 64 keys x D, K = 64 queries, B = dO or Q read transposed from its tile
@@ -101,8 +107,8 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
     # 64 queries x 64 head-dim columns, K = 64 keys, B = K read transposed from its tile
     dq_half = products16(HALF_D, BLOCK, BLOCK, fmt, b_rows=D)["mma_ss"]
     KT_HALF = int(core_offset16_host(0, HALF_D, D))        # column HALF_D of the K tile
-    stage = make_stage16(BLOCK, D, asynchronous, WARPGROUP)   # Q, K, V, dO: tokens x d
-    stage_q_block = make_stage_pair(BLOCK, D, asynchronous, WARPGROUP)     # Q, then dO
+    stage_kv = make_stage_pair(BLOCK_N, D, asynchronous, THREADS)  # K, then V: tokens x d
+    stage_q_block = make_stage_pair(BLOCK, D, asynchronous, THREADS)      # Q, then dO
     pack = make_pack_half2(fmt)
     recompute_p = make_recompute_p(float32, causal, base2=True)   # S, lse in log2 units
     uBM = U(BLOCK)
@@ -148,12 +154,12 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
             dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])
 
     @inlined_device_function
-    def store_ds(sh, dpt, nt, row, col_t):
-        """Entries 4 nt.. of dS^T, rounded, into the dS tile (queries as rows, K-major over
-        the keys), as dQ = dS K's A operand."""
+    def store_ds(sh, ds_at, dpt, nt, row, col_t):
+        """Entries 4 nt.. of dS^T, rounded, into the dS tile at ds_at (queries as rows,
+        K-major over the keys), as dQ = dS K's A operand."""
         for e in range(4):
             word = pack(dpt[4 * nt + e], dpt[4 * nt + e])
-            sh[U(DS_AT) + core_offset16(U(8 * nt + e % 2) + col_t, row + U(8 * (e // 2)),
+            sh[ds_at + core_offset16(U(8 * nt + e % 2) + col_t, row + U(8 * (e // 2)),
                                         U(BLOCK))] = uint16(word & U(0xFFFF))
 
     @inlined_device_function
@@ -188,7 +194,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
         store_dkdv(dk, dv, dk_acc, dv_acc, g0 + 6, hk, j0, j1, col_t, nk, d, scale)
         store_dkdv(dk, dv, dk_acc, dv_acc, g0 + 7, hk, j0, j1, col_t, nk, d, scale)
 
-    @kernel_jit(WARPGROUP)
+    @kernel_jit(THREADS)
     def dkdv16(q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
@@ -196,9 +202,14 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
         if kvh >= k.shape[0]:
             return
         hk = U(kvh)
-        tid = U(cuda.threadIdx.x)
+        wg = U(cuda.threadIdx.x) // U(WARPGROUP)     # this thread's warpgroup and its keys
+        tid = U(cuda.threadIdx.x) % U(WARPGROUP)
         warp, lane = tid // U(32), tid % U(32)
-        n0 = U(cuda.blockIdx.x) * uBM                 # this block's keys n0 .. n0 + 63
+        block0 = U(cuda.blockIdx.x) * U(BLOCK_N)
+        n0 = block0 + wg * uBM                        # this warpgroup's keys n0 .. n0 + 63
+        k_at, v_at = U(K_AT) + wg * U(TILE), U(V_AT) + wg * U(TILE)
+        ds_at = U(DS_AT) + wg * U(BLOCK * BLOCK)
+        scratch = U(SCRATCH_AT) + wg * U(SCRATCH)
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         scale_log2 = scale * float32(LOG2E)
         g4, t4 = lane // U(4), lane % U(4)
@@ -216,19 +227,18 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
         # each over its Q blocks from m_start: one sequence of `total` (head, Q block) steps
         heads_k = U(heads) // U(group)
         first_head = (hk // heads_k) * U(heads) + (hk % heads_k) * U(group)
-        m_start = U(0)
-        if causal and n0 + nq > nk:     # query i sees key j iff j + nq <= i + nk
-            m_start = ((n0 + nq - nk) // uBM) * uBM
+        m_start = U(0)                  # the first Q block either warpgroup's keys need
+        if causal and block0 + nq > nk:     # query i sees key j iff j + nq <= i + nk
+            m_start = ((block0 + nq - nk) // uBM) * uBM
         blocks = (nq - m_start + uBM - U(1)) // uBM if nq > m_start else U(0)
         total = blocks * U(group)
         # the pipeline: K, V and the first Q block in flight; each step starts the next Q
         # block's copies (and loads its lse and D into registers) before it waits for its own
-        stage(sh, U(K_AT), k, hk, n0, nk, d)
-        stage(sh, U(V_AT), v, hk, n0, nk, d)
+        stage_kv(sh, U(K_AT), k, v, hk, block0, nk, d)
         lse_next, d_next = float32(NEG_INF), float32(0.0)
         if total > U(0):
             stage_q_block(sh, U(QDO_AT), q, dout, first_head, m_start, nq, d)
-            if tid < uBM and m_start + tid < nq:
+            if wg == U(0) and tid < uBM and m_start + tid < nq:
                 lse_next = lse[first_head, m_start + tid]
                 d_next = Dsum[first_head, m_start + tid]
         step = U(0)
@@ -237,7 +247,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
             bh = first_head + step // blocks
             m0 = m_start + (step % blocks) * uBM
             cuda.syncthreads()              # the last Q block's tiles and lse, D are read
-            if tid < uBM:
+            if wg == U(0) and tid < uBM:
                 sm[U(LSE_AT) + tid] = lse_next * float32(LOG2E)
                 sm[U(DSUM_AT) + tid] = d_next
             step += U(1)
@@ -247,7 +257,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
                 stage_q_block(sh, U(QDO_AT) + (b ^ U(1)) * U(2 * TILE), q, dout, bh1, m1, nq,
                               d)
                 lse_next, d_next = float32(NEG_INF), float32(0.0)
-                if tid < uBM and m1 + tid < nq:
+                if wg == U(0) and tid < uBM and m1 + tid < nq:
                     lse_next = lse[bh1, m1 + tid]
                     d_next = Dsum[bh1, m1 + tid]
             elif asynchronous:
@@ -259,8 +269,8 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
             q_at = U(QDO_AT) + b * U(2 * TILE)
             do_at = q_at + U(TILE)
 
-            s = score(sh, U(K_AT), q_at)
-            dp = score(sh, U(V_AT), do_at)
+            s = score(sh, k_at, q_at)
+            dp = score(sh, v_at, do_at)
             # entries: keys (rows) j0, j1; queries (columns) 8 nt + col_t + 0, 1
             p_ds(st, dpt, s, dp, 0, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
             p_ds(st, dpt, s, dp, 1, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
@@ -273,27 +283,26 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
             # dV += P^T dO, dK += dS^T Q (A from registers: entries 2w, 2w + 1 -> word w)
             for w in range(P_WORDS):
                 words[w] = pack(st[2 * w], st[2 * w + 1])
-            grad(sh, sm, dv_acc, words, do_at, U(SCRATCH_AT))
+            grad(sh, sm, dv_acc, words, do_at, scratch)
             for w in range(P_WORDS):
                 words[w] = pack(dpt[2 * w], dpt[2 * w + 1])
-            grad(sh, sm, dk_acc, words, q_at, U(SCRATCH_AT))
+            grad(sh, sm, dk_acc, words, q_at, scratch)
             # dS (rows: the queries) into shared memory for dQ = dS K
-            store_ds(sh, dpt, 0, row, col_t)
-            store_ds(sh, dpt, 1, row, col_t)
-            store_ds(sh, dpt, 2, row, col_t)
-            store_ds(sh, dpt, 3, row, col_t)
-            store_ds(sh, dpt, 4, row, col_t)
-            store_ds(sh, dpt, 5, row, col_t)
-            store_ds(sh, dpt, 6, row, col_t)
-            store_ds(sh, dpt, 7, row, col_t)
+            store_ds(sh, ds_at, dpt, 0, row, col_t)
+            store_ds(sh, ds_at, dpt, 1, row, col_t)
+            store_ds(sh, ds_at, dpt, 2, row, col_t)
+            store_ds(sh, ds_at, dpt, 3, row, col_t)
+            store_ds(sh, ds_at, dpt, 4, row, col_t)
+            store_ds(sh, ds_at, dpt, 5, row, col_t)
+            store_ds(sh, ds_at, dpt, 6, row, col_t)
+            store_ds(sh, ds_at, dpt, 7, row, col_t)
             fence_proxy_async()
             cuda.syncthreads()
             # written out, not a loop: LLVM does not unroll a loop holding a wgmma
-            add_dq_all(dq, dq_half(sh, U(DS_AT), U(K_AT)), bh, m0, U(0), row, col_t, nq, d,
-                       scale)
+            add_dq_all(dq, dq_half(sh, ds_at, k_at), bh, m0, U(0), row, col_t, nq, d, scale)
             if D > HALF_D:
-                add_dq_all(dq, dq_half(sh, U(DS_AT), U(K_AT + KT_HALF)), bh, m0, U(HALF_D),
-                           row, col_t, nq, d, scale)
+                add_dq_all(dq, dq_half(sh, ds_at, k_at + U(KT_HALF)), bh, m0, U(HALF_D), row,
+                           col_t, nq, d, scale)
             b ^= U(1)
         if asynchronous and total == U(0):
             copies_wait_all()               # K's and V's copies, never waited for
@@ -332,7 +341,7 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     with simulator_switch_interval():
         pre[(ceil_div(nq, threads), *head_grid(bh)), threads, stream](dout, out, Dsum, dq)
         kernel = dkdv_launcher(64 if d <= 64 else 128, bool(causal), fmt)
-        kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), WARPGROUP, stream](
+        kernel[(ceil_div(nk, BLOCK_N), *head_grid(bhk)), THREADS, stream](
             q, k, v, dout, lse, Dsum, dk, dv, dq, np.float32(scale), heads, group)
 
 

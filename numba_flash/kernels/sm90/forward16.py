@@ -2,10 +2,12 @@
 staged as they are stored (no widened copies), products on the tensor core in that format,
 FlashAttention-2's loop in float32; the "wgmma16" pair's forward (registry.py).
 
-One warpgroup (128 threads) per 64 query rows, K/V blocks of 64 keys, the head dim zero-padded
-to D = 64 or 128. Q and two stages of K/V in shared memory (sm90.stage16): while block j is
-computed on, block j + 1 arrives in the other stage by cp.async (16-byte copies that the
-threads do not wait for; where q, k, v are not 16-byte aligned, staged synchronously instead).
+Blocks of 128 query rows, two warpgroups (256 threads) of 64 rows each sharing the K/V blocks
+of 64 keys (half the K/V traffic of a 64-row block, which kept L2 70 % busy), the head dim
+zero-padded to D = 64 or 128. Q and two stages of K/V in shared memory (sm90.stage16): while
+block j is computed on, block j + 1 arrives in the other stage by cp.async (16-byte copies
+that the threads do not wait for; where q, k, v are not 16-byte aligned, staged synchronously
+instead).
 Per K/V block:
 
     S = Q K^T            wgmma m64n64k16, Q and K K-major (sm90.wgmma16's layout), D / 16 steps
@@ -43,30 +45,33 @@ from .wgmma16 import make_pack_half2, products16
 D_MAX = 128          # head dims up to this; zero-padded to 64 or 128
 P_WORDS = REGS // 2  # P's register A fragments: its 32 entries, two to a word
 STAGES = 2           # K/V blocks in shared memory: one computed on, the next arriving
+WARPGROUPS = 2       # consumers of each K/V block, 64 query rows each
+BLOCK_M = WARPGROUPS * BLOCK
+THREADS = WARPGROUPS * WARPGROUP
 copies_wait_but_one = make_copies_wait(1)
 copies_wait_all = make_copies_wait(0)
 
 
 def tiles(d):
-    """(block_m, block_n) = (64, 64) for every d it takes."""
-    return BLOCK, BLOCK
+    """(block_m, block_n) = (128, 64) for every d it takes."""
+    return BLOCK_M, BLOCK
 
 
 def check(block_m, block_n, d, dtype):
-    """ValueError unless a half dtype, 1 <= d <= 128 and tiles (64, 64)."""
+    """ValueError unless a half dtype, 1 <= d <= 128 and tiles (128, 64)."""
     if not half_format(dtype):
         raise ValueError(f"the wgmma16 forward takes float16 and bfloat16 inputs, got "
                          f"{np.dtype(dtype)}")
     if not 1 <= d <= D_MAX:
         raise ValueError(f"the wgmma16 forward takes head dims 1..{D_MAX}, got d={d}")
-    if (block_m, block_n) != (BLOCK, BLOCK):
-        raise ValueError(f"the wgmma16 forward has fixed tiles (64, 64), got "
+    if (block_m, block_n) != (BLOCK_M, BLOCK):
+        raise ValueError(f"the wgmma16 forward has fixed tiles ({BLOCK_M}, {BLOCK}), got "
                          f"({block_m}, {block_n})")
 
 
 @functools.lru_cache(maxsize=None)
 def make_kernel(D, causal, fmt, asynchronous):
-    """The kernel for head dims up to D (64 or 128): grid (ceil(Nq / 64), B*H), 128 threads,
+    """The kernel for head dims up to D (64 or 128): grid (ceil(Nq / 128), B*H), 256 threads,
     arguments (q, k, v, out, lse, scale_log2, heads, group): q, k, v, out (B*H, N, d) uint16
     device arrays holding `fmt` ("bfloat16" or "float16") patterns, lse (B*H, Nq) float32,
     scale_log2 = scale log2(e) float32; asynchronous: tiles staged with cp.async (q, k, v
@@ -74,16 +79,16 @@ def make_kernel(D, causal, fmt, asynchronous):
     launchable kernel."""
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
-    TILE = BLOCK * D                                          # elements of a Q, K or V tile
-    Q_AT, KV_AT = 0, TILE                                     # K of stage b at KV_AT + 2 TILE b,
-    NBYTES = 2 * (TILE + STAGES * 2 * TILE)                   # its V one TILE further
-    SCRATCH_AT = NBYTES // 4                                  # floats: the simulator's exchanges
-    NBYTES += 4 * SCRATCH if SIMULATOR else 0
+    TILE = BLOCK * D                          # elements of a 64-row Q, K or V tile
+    Q_AT, KV_AT = 0, WARPGROUPS * TILE        # warpgroup w's Q at TILE w; K of stage b at
+    NBYTES = 2 * (KV_AT + STAGES * 2 * TILE)  # KV_AT + 2 TILE b, its V one TILE further
+    SCRATCH_AT = NBYTES // 4                  # floats: the simulator's exchanges, per warpgroup
+    NBYTES += 4 * WARPGROUPS * SCRATCH if SIMULATOR else 0
     O_REGS = D // 2                                           # O's accumulator entries
     s_product = products16(BLOCK, D, BLOCK, fmt)["mma_ss"]   # S = Q K^T: 64 x 64, K = D
     pv_product = products16(D, D, BLOCK, fmt, b_rows=D)["mma_rs"]  # O += P V, V as staged
-    stage = make_stage16(BLOCK, D, asynchronous, WARPGROUP)
-    stage_kv = make_stage_pair(BLOCK, D, asynchronous, WARPGROUP)   # K, then V
+    stage_q = make_stage16(BLOCK_M, D, asynchronous, THREADS)   # both warpgroups' rows
+    stage_kv = make_stage_pair(BLOCK, D, asynchronous, THREADS)   # K, then V
     pack = make_pack_half2(fmt)
     online_softmax = make_online_softmax(causal, base2=True)
     finish_rows = make_finish_rows(base2=True)
@@ -95,7 +100,7 @@ def make_kernel(D, causal, fmt, asynchronous):
         for w in range(P_WORDS):
             p_regs[w] = pack(s_acc[2 * w], s_acc[2 * w + 1])
 
-    @kernel_jit(WARPGROUP)
+    @kernel_jit(THREADS)
     def forward16(q, k, v, out, lse, scale_log2, heads, group):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)     # the tiles
         sm = cuda.shared.array(0, float32, alignment=ALIGN)    # the same memory as floats
@@ -104,9 +109,13 @@ def make_kernel(D, causal, fmt, asynchronous):
             return
         bh = U(head)
         kv = U(kv_head(head, heads, group))
-        tid = U(cuda.threadIdx.x)
+        wg = U(cuda.threadIdx.x) // U(WARPGROUP)    # this thread's warpgroup and its rows
+        tid = U(cuda.threadIdx.x) % U(WARPGROUP)
         warp, lane = tid // U(32), tid % U(32)
-        row0 = U(cuda.blockIdx.x) * uBM
+        block0 = U(cuda.blockIdx.x) * U(BLOCK_M)
+        row0 = block0 + wg * uBM
+        q_at = U(Q_AT) + wg * U(TILE)
+        scratch = U(SCRATCH_AT) + wg * U(SCRATCH)
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         g4, t4 = lane // U(4), lane % U(4)
         row, col_t = warp * U(16) + g4, t4 * U(2)
@@ -124,13 +133,13 @@ def make_kernel(D, causal, fmt, asynchronous):
         for j in range(O_REGS):
             o_acc[j] = float32(0.0)
 
-        n_end = nk
+        n_end = nk      # the keys of both warpgroups' rows
         if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
-            last = row0 + uBM + nk
+            last = block0 + U(BLOCK_M) + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
         # the pipeline: Q and the first K/V block in flight, then each step starts the next
         # block's copies into the other stage before it waits for its own (cp.async groups)
-        stage(sh, U(Q_AT), q, bh, row0, nq, d)
+        stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
         if n_end > U(0):
             stage_kv(sh, U(KV_AT), k, v, kv, U(0), nk, d)
         n0 = U(0)
@@ -148,23 +157,23 @@ def make_kernel(D, causal, fmt, asynchronous):
             cuda.syncthreads()
             at = U(KV_AT) + b * U(2 * TILE)
 
-            s = s_product(sh, U(Q_AT), at)
+            s = s_product(sh, q_at, at)
             for j in range(REGS):
                 s_acc[j] = s[j] * scale_log2
-            # every key visible to every row of the block: no masking (the bulk of the blocks)
+            # every key visible to every row of the warpgroup: no masking (most blocks)
             masked = n1 > nk or (causal and n1 - U(1) + nq > row0 + nk)
-            online_softmax(sm, U(SCRATCH_AT), s_acc, m, l, m_safe, alpha, masked, n0, i0, i1,
+            online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1,
                            col_t, nq, nk)
             for j in range(O_REGS):
                 o_acc[j] *= alpha[(j % 4) // 2]
             pack_p(p_regs, s_acc)
-            pv_product(sh, sm, o_acc, p_regs, at + U(TILE), U(SCRATCH_AT))
+            pv_product(sh, sm, o_acc, p_regs, at + U(TILE), scratch)
             n0 = n1
             b ^= U(1)
         if asynchronous and n_end == U(0):
             copies_wait_all()                   # Q's copies, never waited for
 
-        inv0, inv1 = finish_rows(sm, U(SCRATCH_AT), lse, bh, m, l, i0, i1, t4, nq)
+        inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
         for j in range(0, O_REGS, 2):           # entries j, j + 1: columns c, c + 1 of a row
             h = (j % 4) // 2
             i = i1 if h else i0
@@ -201,4 +210,4 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
     """(launch, threads) for the registry: the kernel for head_dim's padded D and the format
     of dtype (check() first)."""
     check(block_m, block_n, head_dim, dtype)
-    return _Launch(64 if head_dim <= 64 else 128, bool(causal), half_format(dtype)), WARPGROUP
+    return _Launch(64 if head_dim <= 64 else 128, bool(causal), half_format(dtype)), THREADS
