@@ -39,7 +39,7 @@ from numba import cuda, float32, uint16, uint32
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, ceil_div, head_grid,
                        head_index, inlined_device_function, kernel_jit, make_recompute_p,
                        simulator_launch, simulator_switch_interval)
-from ..vector_io import AlignedDispatch, copies_commit, make_copies_wait
+from ..vector_io import AlignedDispatch, add2, copies_commit, make_copies_wait
 from .backward import check_tiles, run_backward as run_tf32
 from .operands import BLOCK, REGS
 from .softmax import LOG2E
@@ -164,12 +164,22 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
 
     @inlined_device_function
     def add_dq(dq, part, nt, bh, m0, c0, row, col_t, nq, d, scale):
-        """dq[bh, m0 + row.., c0 + col..] += scale * entries 4 nt.. of part, atomically."""
-        for e in range(4):
-            i = m0 + row + U(8 * (e // 2))
-            c = c0 + U(8 * nt + e % 2) + col_t
-            if i < nq and c < d:
-                cuda.atomic.add(dq, (bh, i, c), part[4 * nt + e] * scale)
+        """dq[bh, m0 + row.., c0 + col..] += scale * entries 4 nt.. of part, atomically: in
+        pairs of adjacent columns (one red.global.add.v2.f32, vector_io.add2) on the
+        asynchronous path, whose d is a multiple of 8 and dq 16-byte aligned (dispatch)."""
+        if asynchronous:
+            for h in range(2):
+                i = m0 + row + U(8 * h)
+                c = c0 + U(8 * nt) + col_t
+                if i < nq and c < d:
+                    add2(dq, bh, i, c, (part[4 * nt + 2 * h] * scale,
+                                        part[4 * nt + 2 * h + 1] * scale))
+        else:
+            for e in range(4):
+                i = m0 + row + U(8 * (e // 2))
+                c = c0 + U(8 * nt + e % 2) + col_t
+                if i < nq and c < d:
+                    cuda.atomic.add(dq, (bh, i, c), part[4 * nt + e] * scale)
 
     @inlined_device_function
     def add_dq_all(dq, part, bh, m0, c0, row, col_t, nq, d, scale):
@@ -316,9 +326,9 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
 
 def dkdv_launcher(D, causal, fmt):
     """The dK/dV kernel as run_backward launches it: the asynchronous one where q, k, v, dout
-    are 16-byte aligned, else the synchronous one (vector_io.AlignedDispatch)."""
+    and dq are 16-byte aligned, else the synchronous one (vector_io.AlignedDispatch)."""
     return AlignedDispatch(make_dkdv_kernel(D, causal, fmt, True),
-                           make_dkdv_kernel(D, causal, fmt, False), positions=range(4))
+                           make_dkdv_kernel(D, causal, fmt, False), positions=(0, 1, 2, 3, 8))
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal, fmt,
