@@ -40,11 +40,12 @@ from .operands import BLOCK, REGS
 from .softmax import LOG2E, make_finish_rows, make_online_softmax
 from .stage16 import make_stage16, make_stage_pair
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
-from .wgmma16 import make_pack_half2, products16
+from .wgmma16 import make_pack_half2, make_wait, products16
 
 D_MAX = 128          # head dims up to this; zero-padded to 64 or 128
 P_WORDS = REGS // 2  # P's register A fragments: its 32 entries, two to a word
-STAGES = 2           # K/V blocks in shared memory: one computed on, the next arriving
+STAGES = 3           # K/V blocks in shared memory: K of this block and V of the last one
+                     # read, the next block arriving
 WARPGROUPS = 2       # consumers of each K/V block, 64 query rows each
 BLOCK_M = WARPGROUPS * BLOCK
 THREADS = WARPGROUPS * WARPGROUP
@@ -85,8 +86,11 @@ def make_kernel(D, causal, fmt, asynchronous):
     SCRATCH_AT = NBYTES // 4                  # floats: the simulator's exchanges, per warpgroup
     NBYTES += 4 * WARPGROUPS * SCRATCH if SIMULATOR else 0
     O_REGS = D // 2                                           # O's accumulator entries
-    s_product = products16(BLOCK, D, BLOCK, fmt)["mma_ss"]   # S = Q K^T: 64 x 64, K = D
-    pv_product = products16(D, D, BLOCK, fmt, b_rows=D)["mma_rs"]  # O += P V, V as staged
+    s_issue = products16(BLOCK, D, BLOCK, fmt)["ss_issue"]   # S = Q K^T: 64 x 64, K = D
+    pv = products16(D, D, BLOCK, fmt, b_rows=D)                # O += P V, V as staged
+    pv_product, pv_issue, pv_descriptor = pv["mma_rs"], pv["rs_issue"], pv["rs_descriptor"]
+    wait_s_but_pv, _ = make_wait(1, O_REGS)                   # S done, P V may still run
+    wait_s_alone, wait_o = make_wait(0, O_REGS)
     stage_q = make_stage16(BLOCK_M, D, asynchronous, THREADS)   # both warpgroups' rows
     stage_kv = make_stage_pair(BLOCK, D, asynchronous, THREADS)   # K, then V
     pack = make_pack_half2(fmt)
@@ -99,6 +103,32 @@ def make_kernel(D, causal, fmt, asynchronous):
         """P's register A fragments for P V: entries 2w, 2w + 1 rounded into word w."""
         for w in range(P_WORDS):
             p_regs[w] = pack(s_acc[2 * w], s_acc[2 * w + 1])
+
+    @inlined_device_function
+    def arrive(sh, k, v, kv, b, n1, n_end, nk, d):
+        """Block n1 - 64's tiles in stage b ready for wgmma: the next block's copies started
+        into the stage after (every warp done with what it held), this one's waited for."""
+        cuda.syncthreads()
+        if n1 < n_end:
+            stage_kv(sh, U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE), k, v, kv, n1, nk, d)
+        elif asynchronous:
+            copies_commit()                 # an empty group: "all but the newest" below
+        if asynchronous:
+            copies_wait_but_one()           # this block's (and Q's) copies have landed
+        fence_proxy_async()
+        cuda.syncthreads()
+
+    @inlined_device_function
+    def softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, n0, row0, i0,
+                      i1, col_t, nq, nk):
+        """S of keys n0.. scaled into s_acc, then the online softmax's step: P in s_acc."""
+        for j in range(REGS):
+            s_acc[j] = s[j] * scale_log2
+        # every key visible to every row of the warpgroup: no masking (most blocks)
+        n1 = n0 + U(BLOCK)
+        masked = n1 > nk or (causal and n1 - U(1) + nq > row0 + nk)
+        online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t,
+                       nq, nk)
 
     @kernel_jit(THREADS)
     def forward16(q, k, v, out, lse, scale_log2, heads, group):
@@ -138,39 +168,44 @@ def make_kernel(D, causal, fmt, asynchronous):
             last = block0 + U(BLOCK_M) + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
         # the pipeline: Q and the first K/V block in flight, then each step starts the next
-        # block's copies into the other stage before it waits for its own (cp.async groups)
+        # block's copies into a free stage before it waits for its own (cp.async groups). In
+        # the tensor core, S of this block is issued, then P V of the last one, and the
+        # softmax of this block runs while P V does (FlashAttention-3's overlap within a
+        # warpgroup): O is rescaled by this block's alpha once P V is in. The first block
+        # (no P V before it) is peeled off the loop, and P V of the last block follows it:
+        # no branch between the two issues (ptxas serializes wgmma across one, C7513).
         stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
+        b = U(0)                                # this block's stage; the last one's: b_last
         if n_end > U(0):
             stage_kv(sh, U(KV_AT), k, v, kv, U(0), nk, d)
-        n0 = U(0)
-        b = U(0)
+            arrive(sh, k, v, kv, b, U(BLOCK), n_end, nk, d)
+            s = wait_s_alone(s_issue(sh, q_at, U(KV_AT)))
+            softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, U(0), row0,
+                          i0, i1, col_t, nq, nk)
+            pack_p(p_regs, s_acc)
+        n0 = U(BLOCK)
+        b_last = b
+        b = U(1)
         while n0 < n_end:
             n1 = n0 + uBM
-            cuda.syncthreads()                  # every warp is done with the other stage
-            if n1 < n_end:
-                stage_kv(sh, U(KV_AT) + (b ^ U(1)) * U(2 * TILE), k, v, kv, n1, nk, d)
-            elif asynchronous:
-                copies_commit()                 # an empty group: "all but the newest" below
-            if asynchronous:
-                copies_wait_but_one()           # this block's (and Q's) copies have landed
-            fence_proxy_async()
-            cuda.syncthreads()
-            at = U(KV_AT) + b * U(2 * TILE)
-
-            s = s_product(sh, q_at, at)
-            for j in range(REGS):
-                s_acc[j] = s[j] * scale_log2
-            # every key visible to every row of the warpgroup: no masking (most blocks)
-            masked = n1 > nk or (causal and n1 - U(1) + nq > row0 + nk)
-            online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1,
-                           col_t, nq, nk)
+            arrive(sh, k, v, kv, b, n1, n_end, nk, d)
+            v_desc = pv_descriptor(sh, U(KV_AT) + b_last * U(2 * TILE) + U(TILE))
+            s = s_issue(sh, q_at, U(KV_AT) + b * U(2 * TILE))
+            pv_issue(sh, sm, o_acc, p_regs, v_desc, scratch)
+            s = wait_s_but_pv(s)
+            softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, n0, row0,
+                          i0, i1, col_t, nq, nk)
+            wait_o(o_acc)
             for j in range(O_REGS):
                 o_acc[j] *= alpha[(j % 4) // 2]
             pack_p(p_regs, s_acc)
-            pv_product(sh, sm, o_acc, p_regs, at + U(TILE), scratch)
             n0 = n1
-            b ^= U(1)
-        if asynchronous and n_end == U(0):
+            b_last = b
+            b = (b + U(1)) % U(STAGES)
+        if n_end > U(0):
+            pv_product(sh, sm, o_acc, p_regs, U(KV_AT) + b_last * U(2 * TILE) + U(TILE),
+                       scratch)
+        elif asynchronous:
             copies_wait_all()                   # Q's copies, never waited for
 
         inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)

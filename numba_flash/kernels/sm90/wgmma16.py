@@ -181,7 +181,20 @@ if SIMULATOR:
             exact = (av * bv.astype(np.float64)).sum(axis=1)
             for j in range(regs):
                 acc[j] = float32(np.float64(acc[j]) + exact[j])
-        return dict(mma_ss=mma_ss, mma_rs=mma_rs, regs=regs)
+        return dict(mma_ss=mma_ss, mma_rs=mma_rs, ss_issue=mma_ss, rs_issue=mma_rs,
+                    rs_descriptor=lambda sh, b_at: b_at, regs=regs)
+
+    @functools.lru_cache(maxsize=None)
+    def make_wait(pending, acc_regs):
+        """(wait_s, wait_acc): identities, the products being complete on the simulator."""
+        @device_function
+        def wait_s(s):
+            return s
+
+        @device_function
+        def wait_acc(acc):
+            pass
+        return wait_s, wait_acc
 else:
     from llvmlite import ir
     from numba.cuda.extending import intrinsic
@@ -228,7 +241,7 @@ else:
             return types.float32(bits), codegen
         return unpack_half
 
-    def _ss_intrinsic(n, steps, fmt, b_step, b_trans):
+    def _ss_intrinsic(n, steps, fmt, b_step, b_trans, wait=True):
         """A B^T over `steps` k16 steps, both operands by descriptor (step 0's; step s adds
         16 s to A's, b_step s to B's), B transposed (MN-major) if b_trans, chained in a fresh
         accumulator (scale-d false on the first), one wait."""
@@ -242,7 +255,8 @@ else:
                       f"add.s64 bd, ${regs + 1}, {b_step * s};",
                       f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {acc}, ad, bd, "
                       f"{'p' if s == 0 else '1'}, 1, 1, 0, {int(b_trans)};"]
-        lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+        lines += ["wgmma.commit_group.sync.aligned;"]
+        lines += ["wgmma.wait_group.sync.aligned 0;", "}"] if wait else ["}"]
         text = "\n".join(lines)
         constraints = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)])
         result = types.UniTuple(types.float32, regs)
@@ -264,7 +278,7 @@ else:
             return result(a_desc, b_desc), codegen
         return mma
 
-    def _rs_intrinsic(n, steps, fmt, b_step, b_trans):
+    def _rs_intrinsic(n, steps, fmt, b_step, b_trans, wait=True):
         """acc += A B^T over `steps` k16 steps, A from registers (a local uint32 array, 4 words
         a step), B by descriptor (step 0's; step s adds b_step s), transposed (MN-major) if
         b_trans, accumulated in the tensor core into acc (a local float32 array of n / 2,
@@ -279,7 +293,8 @@ else:
             lines += [f"add.s64 bd, ${regs + n_a}, {b_step * s};",
                       f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {acc}, {a}, bd, "
                       f"1, 1, 1, {int(b_trans)};"]
-        lines += ["wgmma.commit_group.sync.aligned;", "wgmma.wait_group.sync.aligned 0;", "}"]
+        lines += ["wgmma.commit_group.sync.aligned;"]
+        lines += ["wgmma.wait_group.sync.aligned 0;", "}"] if wait else ["}"]
         text = "\n".join(lines)
         constraints = ",".join(["=f"] * regs + ["r"] * n_a + ["l"]
                                + [str(i) for i in range(regs)])
@@ -323,6 +338,8 @@ else:
             b_step = 2 * b_rows
         ss = _ss_intrinsic(n, KA // STEP16, fmt, b_step, trans)
         rs = _rs_intrinsic(n, KB // STEP16, fmt, b_step, trans)
+        ss_async = _ss_intrinsic(n, KA // STEP16, fmt, b_step, trans, wait=False)
+        rs_async = _rs_intrinsic(n, KB // STEP16, fmt, b_step, trans, wait=False)
 
         @cuda.jit(device=True)
         def descriptor(base, at, lbo_sbo):
@@ -338,7 +355,77 @@ else:
         @cuda.jit(device=True)
         def mma_rs(sh, sm, acc, a, b_at, scratch):
             rs(acc, a, descriptor(shared_address(sh), b_at, b_rs))
-        return dict(mma_ss=mma_ss, mma_rs=mma_rs, regs=n // 2)
+
+        @cuda.jit(device=True)
+        def ss_issue(sh, a_at, b_at):
+            base = shared_address(sh)
+            return ss_async(descriptor(base, a_at, a_ss), descriptor(base, b_at, b_ss))
+
+        @cuda.jit(device=True)
+        def rs_issue(sh, sm, acc, a, b_desc, scratch):
+            rs_async(acc, a, b_desc)
+
+        @cuda.jit(device=True)
+        def rs_descriptor(sh, b_at):
+            return descriptor(shared_address(sh), b_at, b_rs)
+        return dict(mma_ss=mma_ss, mma_rs=mma_rs, ss_issue=ss_issue, rs_issue=rs_issue,
+                    rs_descriptor=rs_descriptor, regs=n // 2)
+
+    def _wait_tuple(pending):
+        """wait_s(s) -> s: wgmma.wait_group pending, a tuple of accumulators passed through
+        (tied), so that their uses come after it."""
+        text = f"wgmma.wait_group.sync.aligned {int(pending)};"
+
+        @intrinsic
+        def wait_s(typingctx, s):
+            if not (isinstance(s, types.UniTuple) and s.dtype == types.float32):
+                return None
+            regs = s.count
+
+            def codegen(context, builder, sig, args):
+                f32 = ir.FloatType()
+                fn = ir.FunctionType(ir.LiteralStructType([f32] * regs), [f32] * regs)
+                asm = ir.InlineAsm(fn, text, ",".join(["=f"] * regs
+                                                      + [str(i) for i in range(regs)]),
+                                   side_effect=True)
+                res = builder.call(asm, [builder.extract_value(args[0], i)
+                                         for i in range(regs)])
+                return context.make_tuple(builder, sig.return_type,
+                                          [builder.extract_value(res, i) for i in range(regs)])
+            return s(s), codegen
+        return wait_s
+
+    def _wait_array(pending, regs):
+        """wait_acc(acc): wgmma.wait_group pending, the `regs` accumulators of a local float32
+        array passed through (tied), read and written back at constant indices."""
+        text = f"wgmma.wait_group.sync.aligned {int(pending)};"
+
+        @intrinsic
+        def wait_acc(typingctx, acc):
+            if not (isinstance(acc, types.Array) and acc.dtype == types.float32):
+                return None
+
+            def codegen(context, builder, sig, args):
+                f32, i64 = ir.FloatType(), ir.IntType(64)
+                data = context.make_array(sig.args[0])(context, builder, args[0]).data
+                ptrs = [builder.gep(data, [ir.Constant(i64, i)]) for i in range(regs)]
+                fn = ir.FunctionType(ir.LiteralStructType([f32] * regs), [f32] * regs)
+                asm = ir.InlineAsm(fn, text, ",".join(["=f"] * regs
+                                                      + [str(i) for i in range(regs)]),
+                                   side_effect=True)
+                res = builder.call(asm, [builder.load(p) for p in ptrs])
+                for i, p in enumerate(ptrs):
+                    builder.store(builder.extract_value(res, i), p)
+                return context.get_dummy_value()
+            return types.void(acc), codegen
+        return wait_acc
+
+    @functools.lru_cache(maxsize=None)
+    def make_wait(pending, acc_regs):
+        """(wait_s, wait_acc) for wgmma.wait_group pending: wait_s(s) -> s for an issued
+        ss_issue's tuple, wait_acc(acc) for an issued rs_issue's accumulator array of
+        acc_regs entries."""
+        return _wait_tuple(pending), _wait_array(pending, acc_regs)
 
 
 @functools.lru_cache(maxsize=None)
