@@ -171,7 +171,10 @@ def make_kernel(D, causal, fmt, asynchronous):
             n0 = n1
             b ^= U(1)
         if asynchronous and n_end == U(0):
-            copies_wait_all()                   # Q's copies, never waited for
+            # Q's copies were never committed to a group, so this waits for none of them: a
+            # block whose rows see no key never reads Q (review 2026-12-04; staging Q only
+            # when there are keys is the fix, to be run on a GPU first)
+            copies_wait_all()
 
         inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
         for j in range(0, O_REGS, 2):           # entries j, j + 1: columns c, c + 1 of a row
@@ -202,7 +205,8 @@ class _Launch:
         run = self.dispatch[config]
 
         def launch(q, k, v, out, lse, scale, heads, group):
-            run(q, k, v, out, lse, np.float32(scale * LOG2E), heads, group)
+            # in float32, as the backward forms it on the device
+            run(q, k, v, out, lse, np.float32(scale) * np.float32(LOG2E), heads, group)
         return launch
 
 
