@@ -135,7 +135,7 @@ def auto_order(device, d):
     """The pairs "auto" tries for head dim d, fastest first. On an sm_90 GPU the Hopper pairs:
     for half inputs wgmma16 (forward and backward on 16-bit products: 1.02-1.97x
     wgmma16-tf32bwd in forward+backward, d = 64 and 128, on the H200 in bfloat16,
-    2026-12-04 05:49 UTC); for float32 wgmma (1.3-1.6x fa2 in forward+backward;
+    2026-12-04 05:49 UTC, before its two-warpgroup blocks made it faster); for float32 wgmma (1.3-1.6x fa2 in forward+backward;
     docs/performance.md); elsewhere fa2. On the simulator fa2 as well: there the Hopper pairs' tensor-core products are
     NumPy models, several times slower than fa2's FFMA loops."""
     if device != "sm_90":
@@ -257,7 +257,10 @@ register(Pair(
             "float32, float16, bfloat16, d <= 128, sm_90"))
 def _hopper16_pair(name, run_backward, summary):
     """A pair of the 16-bit Hopper forward (sm90.forward16) and `run_backward`, which takes
-    the inputs as stored (half_storage): half dtypes, d <= 128, sm_90, else wgmma."""
+    the inputs as stored (half_storage): half dtypes, d <= 128, sm_90, else wgmma. Its
+    backward tiles are wgmma's, for the widened backward (deterministic=True, or the
+    "wgmma16-tf32bwd" pair); the 16-bit dK/dV kernel's blocks are fixed (128 keys x 64
+    queries) and it ignores them."""
     return Pair(
         name, forward16.make_forward_kernel, run_backward,
         lambda d, dtype: forward16.tiles(d), lambda d, dtype, det: backward_wgmma.tiles(d),

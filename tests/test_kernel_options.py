@@ -49,6 +49,11 @@ def test_vector_loads_reject_misaligned_arrays():
     good, bad = flat[:-1].reshape(2, 16, 8), flat[1:].reshape(2, 16, 8)   # bad: 4 bytes off
     assert aligned(good) and not aligned(bad)
     assert not aligned(np.zeros((2, 16, 6), np.float32))                    # 24-byte rows
+    # rows of 16-byte aligned stride that a 16-byte access would overrun: a narrower view of
+    # wider rows (the last 16 bytes reach past d), or a strided last axis
+    wide = flat[:-1].reshape(2, 16, 8)
+    assert not aligned(wide[:, :, :6]) and not aligned(wide[:, :, ::2])
+    assert aligned(wide[:, :, 4:])                                           # 16 bytes in
     kern, threads = forward_fa2.make_forward_kernel(16, 16, 8, False, np.dtype(np.float32),
                                                     vector_loads=True)
     out, lse = np.zeros_like(good), np.zeros((2, 16), np.float32)

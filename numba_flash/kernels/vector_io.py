@@ -34,12 +34,18 @@ ALIGN_BYTES = 16
 
 
 def aligned(*arrays):
-    """True when every array's data pointer and row stride allow load4: both multiples of 16
-    bytes (CUDA allocations are; a view into one may not be)."""
+    """True when every array allows 16-byte accesses along its rows: data pointer and row
+    stride multiples of 16 bytes (CUDA allocations are; a view into one may not be), and each
+    row contiguous and a whole number of 16 bytes long (so a 16-byte access at a multiple of
+    16 bytes never reaches past the row's last element: a view d < its parent's width fails)."""
     for a in arrays:
         ptr = a.__cuda_array_interface__["data"][0] if hasattr(a, "__cuda_array_interface__") \
             else a.ctypes.data
-        if ptr % ALIGN_BYTES or (a.strides[-2] % ALIGN_BYTES if a.ndim >= 2 else False):
+        if ptr % ALIGN_BYTES:
+            return False
+        last = a.ndim - 1       # (the simulator's shapes take no negative index)
+        if last >= 1 and (a.strides[last - 1] % ALIGN_BYTES or a.strides[last] != a.itemsize
+                          or a.shape[last] * a.itemsize % ALIGN_BYTES):
             return False
     return True
 

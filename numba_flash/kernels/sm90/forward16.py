@@ -50,7 +50,6 @@ WARPGROUPS = 2       # consumers of each K/V block, 64 query rows each
 BLOCK_M = WARPGROUPS * BLOCK
 THREADS = WARPGROUPS * WARPGROUP
 copies_wait_but_one = make_copies_wait(1)
-copies_wait_all = make_copies_wait(0)
 
 
 def tiles(d):
@@ -174,9 +173,9 @@ def make_kernel(D, causal, fmt, asynchronous):
         # warpgroup): O is rescaled by this block's alpha once P V is in. The first block
         # (no P V before it) is peeled off the loop, and P V of the last block follows it:
         # no branch between the two issues (ptxas serializes wgmma across one, C7513).
-        stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
         b = U(0)                                # this block's stage; the last one's: b_last
-        if n_end > U(0):
+        if n_end > U(0):        # (a block whose rows see no key stages nothing)
+            stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
             stage_kv(sh, U(KV_AT), k, v, kv, U(0), nk, d)
             arrive(sh, k, v, kv, b, U(BLOCK), n_end, nk, d)
             s = wait_s_alone(s_issue(sh, q_at, U(KV_AT)))
@@ -205,8 +204,6 @@ def make_kernel(D, causal, fmt, asynchronous):
         if n_end > U(0):
             pv_product(sh, sm, o_acc, p_regs, U(KV_AT) + b_last * U(2 * TILE) + U(TILE),
                        scratch)
-        elif asynchronous:
-            copies_wait_all()                   # Q's copies, never waited for
 
         inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
         for j in range(0, O_REGS, 2):           # entries j, j + 1: columns c, c + 1 of a row
@@ -237,7 +234,8 @@ class _Launch:
         run = self.dispatch[config]
 
         def launch(q, k, v, out, lse, scale, heads, group):
-            run(q, k, v, out, lse, np.float32(scale * LOG2E), heads, group)
+            # in float32, as the backward forms it on the device
+            run(q, k, v, out, lse, np.float32(scale) * np.float32(LOG2E), heads, group)
         return launch
 
 

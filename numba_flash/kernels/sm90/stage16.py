@@ -5,8 +5,9 @@ K-major layout, in 16-byte chunks: a chunk is 8 consecutive elements of one stor
 other way round (V in P V, Q in dS^T Q, ...) wgmma reads it transposed (wgmma16's b_rows).
 
 A warp moves 8 rows x 4 chunks at a time (lane = row % 8 + 8 x chunk % 4): 64 contiguous
-bytes of each of 8 stored rows (whole 32-byte sectors) into 4 whole core matrices (512
-contiguous bytes of shared memory: no bank conflicts).
+bytes of each of 8 stored rows (whole 32-byte sectors where rows are 32-byte aligned, d a
+multiple of 16) into 4 whole core matrices (512 contiguous bytes of shared memory: no bank
+conflicts).
 
 Two ways, chosen per launch (vector_io.AlignedDispatch): asynchronous (vector_io.copy16,
 cp.async; the caller commits, waits and fences) where the arrays' data pointers and rows are
