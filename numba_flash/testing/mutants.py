@@ -130,8 +130,8 @@ MUTANTS = {m.name: m for m in (
            _R, "wgmma16"),
     # the 16-bit backward (sm90.backward16)
     Mutant("dS held in float16 (wgmma16)", "backward", "sm90.backward16",
-           "words[w] = pack(dpt[2 * w], dpt[2 * w + 1])",
-           "words[w] = pack(float32(__import__('numpy').float16(dpt[2 * w])), "
+           "words_ds[w] = pack(dpt[2 * w], dpt[2 * w + 1])",
+           "words_ds[w] = pack(float32(__import__('numpy').float16(dpt[2 * w])), "
            "float32(__import__('numpy').float16(dpt[2 * w + 1])))", _B, "wgmma16",
            simulator_only=True, regimes=("tiny dO",)),
     Mutant("next Q block staged over this one (wgmma16)", "backward", "sm90.backward16",

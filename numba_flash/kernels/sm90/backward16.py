@@ -46,7 +46,8 @@ from .operands import BLOCK, REGS
 from .softmax import LOG2E
 from .stage16 import make_stage_pair
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
-from .wgmma16 import core_offset16, core_offset16_host, make_pack_half2, make_unpack_half, products16
+from .wgmma16 import (core_offset16, core_offset16_host, make_pack_half2, make_unpack_half,
+                      make_wait, products16)
 
 P_WORDS = REGS // 2         # a 64 x 64 accumulator rounded, two entries to a word
 HALF_D = 64                 # dQ's head-dim columns per product
@@ -103,11 +104,17 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
     SCRATCH_AT = DSUM_AT + BLOCK          # the simulator's exchanges, per warpgroup
     NBYTES = 2 * ELEMENTS + 4 * 2 * BLOCK + (4 * WARPGROUPS * SCRATCH if SIMULATOR else 0)
     ACC = D // 2                                              # dK's and dV's entries
-    score = products16(BLOCK, D, BLOCK, fmt)["mma_ss"]       # 64 keys x 64 queries, K = D
+    score = products16(BLOCK, D, BLOCK, fmt)["ss_issue"]     # 64 keys x 64 queries, K = D
     # 64 keys x D, K = 64 queries, B = dO or Q read transposed from its tile
-    grad = products16(D, D, BLOCK, fmt, b_rows=D)["mma_rs"]
+    grad = products16(D, D, BLOCK, fmt, b_rows=D)
+    grad_issue, grad_descriptor = grad["rs_issue"], grad["rs_descriptor"]
     # 64 queries x 64 head-dim columns, K = 64 keys, B = K read transposed from its tile
-    dq_half = products16(HALF_D, BLOCK, BLOCK, fmt, b_rows=D)["mma_ss"]
+    dq_half = products16(HALF_D, BLOCK, BLOCK, fmt, b_rows=D)["ss_issue"]
+    # the products are issued in pairs and waited for in turn (wgmma.wait_group 1, then 0):
+    # S^T and dP^T; dV and dK (dS stored meanwhile); dQ's two halves (the first added while
+    # the second runs)
+    wait_s_first, wait_acc_first = make_wait(1, D // 2)
+    wait_s_last, wait_acc_last = make_wait(0, D // 2)
     KT_HALF = int(core_offset16_host(0, HALF_D, D))        # column HALF_D of the K tile
     stage_kv = make_stage_pair(BLOCK_N, D, asynchronous, THREADS)  # K, then V: tokens x d
     stage_q_block = make_stage_pair(BLOCK, D, asynchronous, THREADS)      # Q, then dO
@@ -229,7 +236,8 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
         j0, j1 = n0 + row, n0 + row + U(8)            # this thread's keys (accumulator rows)
         st = cuda.local.array(REGS, float32)          # S^T, then P^T
         dpt = cuda.local.array(REGS, float32)         # dP^T, then dS^T
-        words = cuda.local.array(P_WORDS, uint32)     # P^T, then dS^T, rounded and packed
+        words = cuda.local.array(P_WORDS, uint32)     # P^T rounded and packed
+        words_ds = cuda.local.array(P_WORDS, uint32)  # dS^T rounded and packed
         dk_acc = cuda.local.array(ACC, float32)
         dv_acc = cuda.local.array(ACC, float32)
         zero_halves(dk_acc, dv_acc, 0)
@@ -283,6 +291,8 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
 
             s = score(sh, k_at, q_at)
             dp = score(sh, v_at, do_at)
+            s = wait_s_first(s)
+            dp = wait_s_last(dp)
             # entries: keys (rows) j0, j1; queries (columns) 8 nt + col_t + 0, 1
             p_ds(st, dpt, s, dp, 0, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
             p_ds(st, dpt, s, dp, 1, sm, m0, col_t, j0, j1, nq, nk, scale_log2)
@@ -295,10 +305,10 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
             # dV += P^T dO, dK += dS^T Q (A from registers: entries 2w, 2w + 1 -> word w)
             for w in range(P_WORDS):
                 words[w] = pack(st[2 * w], st[2 * w + 1])
-            grad(sh, sm, dv_acc, words, do_at, scratch)
-            for w in range(P_WORDS):
-                words[w] = pack(dpt[2 * w], dpt[2 * w + 1])
-            grad(sh, sm, dk_acc, words, q_at, scratch)
+                words_ds[w] = pack(dpt[2 * w], dpt[2 * w + 1])
+            do_desc, q_desc = grad_descriptor(sh, do_at), grad_descriptor(sh, q_at)
+            grad_issue(sh, sm, dv_acc, words, do_desc, scratch)
+            grad_issue(sh, sm, dk_acc, words_ds, q_desc, scratch)
             # dS (rows: the queries) into shared memory for dQ = dS K
             store_ds(sh, ds_at, dpt, 0, row, col_t)
             store_ds(sh, ds_at, dpt, 1, row, col_t)
@@ -308,12 +318,18 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
             store_ds(sh, ds_at, dpt, 5, row, col_t)
             store_ds(sh, ds_at, dpt, 6, row, col_t)
             store_ds(sh, ds_at, dpt, 7, row, col_t)
+            wait_acc_first(dv_acc)
+            wait_acc_last(dk_acc)
             fence_proxy_async()
             cuda.syncthreads()
             # written out, not a loop: LLVM does not unroll a loop holding a wgmma
-            add_dq_all(dq, dq_half(sh, ds_at, k_at), bh, m0, U(0), row, col_t, nq, d, scale)
             if D > HALF_D:
-                add_dq_all(dq, dq_half(sh, ds_at, k_at + U(KT_HALF)), bh, m0, U(HALF_D), row,
+                dq0 = dq_half(sh, ds_at, k_at)
+                dq1 = dq_half(sh, ds_at, k_at + U(KT_HALF))
+                add_dq_all(dq, wait_s_first(dq0), bh, m0, U(0), row, col_t, nq, d, scale)
+                add_dq_all(dq, wait_s_last(dq1), bh, m0, U(HALF_D), row, col_t, nq, d, scale)
+            else:
+                add_dq_all(dq, wait_s_last(dq_half(sh, ds_at, k_at)), bh, m0, U(0), row,
                            col_t, nq, d, scale)
             b ^= U(1)
         if asynchronous and total == U(0):
