@@ -38,6 +38,15 @@
 # lse, so only a forward and a backward that form S the same way keep P exact: that is why
 # `numba_flash.registry` registers a forward with its backward as one pair, and why the same
 # `kernel=` name goes to both calls.
+#
+# **Claim 3 (16-bit operands, staged once, read either way).** The `wgmma16` kernels stage every
+# bfloat16 / float16 tile (tokens × head dim, as stored) once, K-major, in core matrices of
+# 8 rows × 16 bytes (`numba_flash/kernels/sm90/wgmma16.py`, `core_offset16`). A product that
+# needs a tile the other way round (V in P·V; Q, dO and K in the backward's dK, dV, dQ) reads it
+# through a transposed (MN-major) descriptor: element (c, k) of B at `core_offset16(k, c, W)`.
+# The addresses that read visits are a permutation of the tile, B is exactly the stored tile
+# transposed, and a product through it equals A·tile exactly on integers (the layout model here;
+# on the H200 the tensor core's, `tests/test_wgmma16.py`).
 
 # %%
 
@@ -119,6 +128,39 @@ for key, (e_fma, e_tc, apart) in logits.items():
     print(key, f"FMA order {e_fma:.1f}, 3xTF32 {e_tc:.1f}, apart {apart:.1f}")
 
 # %% [markdown]
+# Where the elements of a 64 × 64 16-bit tile sit in shared memory, top-left 16 × 16 corner:
+# colour = core matrix (offset // 64: 8 × 8 elements, 128 bytes), number = position in it.
+# Left, the tile as staged (rows are tokens, columns the head dim: a core matrix's rows are 16
+# contiguous bytes of one token). Right, the transposed operand B (c, k) the same memory gives
+# under the MN-major descriptor: each core matrix read with the head dim as rows.
+
+# %%
+from numba_flash.kernels.sm90.wgmma16 import core_offset16_host  # noqa: E402
+
+W = K16 = 64                                     # tile: K16 rows (the contraction) x W columns
+rows, cols = np.meshgrid(np.arange(K16), np.arange(W), indexing="ij")
+staged_at = core_offset16_host(rows, cols, W)    # where tile[r, c] is staged
+cc, kk = np.meshgrid(np.arange(W), np.arange(K16), indexing="ij")
+read_at = core_offset16_host(kk, cc, W)          # where B[c, k] is read (descriptor, b_rows=W)
+tile16 = rng.integers(-8, 9, (K16, W))
+smem = np.empty(K16 * W, np.int64)
+smem[staged_at] = tile16
+B16 = smem[read_at]
+A16 = rng.integers(-8, 9, (64, K16))
+fig, axes = plt.subplots(1, 2, figsize=(11, 5.2))
+for ax, offsets, title, labels in (
+        (axes[0], staged_at, "staged: tile[r, c]", ("c (head dim)", "r (tokens)")),
+        (axes[1], read_at, "read transposed: B[c, k]", ("k (tokens)", "c (head dim)"))):
+    corner = offsets[:16, :16]
+    ax.imshow(corner // 64, cmap="tab20", vmin=0, vmax=19)
+    for (i, j), off in np.ndenumerate(corner):
+        ax.text(j, i, off % 64, ha="center", va="center", fontsize=5.5)
+    ax.set_title(title, fontsize=9)
+    ax.set_xlabel(labels[0])
+    ax.set_ylabel(labels[1])
+show(fig, "layout16")
+
+# %% [markdown]
 # **Check the claims.**
 
 # %%
@@ -134,4 +176,10 @@ for (r, d), (e_fma, e_tc, apart) in logits.items():
     assert e_tc <= max(e_fma, 1) and e_tc < 6, (r, d, e_fma, e_tc)
 assert max(e[0] for e in logits.values()) > 8          # the FMA order's worst, ~10 u
 assert max(e[2] for e in logits.values()) > 3 * 2 * 2  # apart by over 3x P's allowance
+# claim 3: the transposed read is a permutation of the tile, B is the tile transposed, and a
+# product through it is exact
+assert sorted(read_at.ravel()) == list(range(K16 * W)) == sorted(staged_at.ravel())
+assert (B16 == tile16.T).all()
+assert (A16 @ B16.T == A16 @ tile16).all()
+assert (staged_at[:8, :8] == np.arange(64).reshape(8, 8)).all()     # one core matrix, rows of 16 B
 print("claim holds")

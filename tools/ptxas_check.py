@@ -1,5 +1,6 @@
 """Compile the registered kernels for sm_90a on a machine without a GPU and print what ptxas
-says of them (registers, stack, spills), then a table:
+says of them (registers, stack, spills, and its wgmma reports: C7513 "serialized", C7517 "wait
+injected", where it had to run a kernel's products one at a time), then a table:
 
     pip install "nvidia-cuda-nvrtc>=13,<14"      # numba-cuda's NVRTC; NVVM and ptxas come
     CUDA_HOME=/usr/local/cuda python tools/ptxas_check.py [WORD ...]   # from a CUDA toolkit
@@ -183,24 +184,30 @@ def ptxas(label, kernel, args, home):
     def figure(pattern):
         m = re.search(pattern, text)
         return int(m.group(1)) if m else None
+    # ptxas's wgmma reports: C7513 "wgmma.mma_async instructions are serialized due to ...",
+    # C7517 "warpgroup.wait is injected ...": the kernel runs, its products one at a time
+    wgmma_notes = sorted(set(re.findall(r"\((C75\d\d)\)", text)))
     return dict(registers=figure(r"Used (\d+) registers"),
                 stack=figure(r"(\d+) bytes stack frame"),
                 spill_stores=figure(r"(\d+) bytes spill stores"),
                 spill_loads=figure(r"(\d+) bytes spill loads"),
-                info="; ".join(line.split("info    : ")[-1].strip() for line in text.splitlines()
-                               if "Used" in line or "spill" in line),
+                wgmma=",".join(wgmma_notes) or "-",
+                info="; ".join(line.split("info    : ")[-1].strip()[:160]
+                               for line in text.splitlines()
+                               if "Used" in line or "spill" in line or "(C75" in line),
                 seconds=seconds)
 
 
 def table(rows):
     width = max([len(label) for label, _ in rows] + [6])
-    lines = [f"{'kernel':<{width}}  {'regs':>4}  {'stack':>5}  {'spill st':>8}  {'spill ld':>8}"]
+    lines = [f"{'kernel':<{width}}  {'regs':>4}  {'stack':>5}  {'spill st':>8}  {'spill ld':>8}"
+             f"  wgmma"]
     for label, r in rows:
         if "error" in r:
             lines.append(f"{label:<{width}}  ptxas failed: {r['error'].splitlines()[0][:80]}")
         else:
             lines.append(f"{label:<{width}}  {r['registers']:>4}  {r['stack']:>5}  "
-                         f"{r['spill_stores']:>8}  {r['spill_loads']:>8}")
+                         f"{r['spill_stores']:>8}  {r['spill_loads']:>8}  {r['wgmma']}")
     return "\n".join(lines)
 
 
