@@ -4,7 +4,7 @@ A registered name is a Pair: a forward kernel factory and the backward that foll
 recomputes P from the forward's lse, forming S as that forward formed it), their default tiles,
 and `can_run(d, dtype, device)`. The API asks `resolve(name, d, dtype)` for the pair to run:
 
-- "auto" (the default) is the first pair of `auto_order(device, d)` that can run the case: the
+- "auto" (the default) is the first pair of `auto_order(device)` that can run the case: the
   fastest measured there (on an H200, the Hopper pairs; docs/performance.md);
 - a pair that cannot run a case falls back to its `fallback` (wgmma16 -> wgmma -> fa2), here
   and nowhere else, so that the forward and the backward of one call resolve to the same
@@ -131,16 +131,15 @@ def variant(name, base, **changes):
     return dataclasses.replace(PAIRS[base], name=name, **{"fallback": None, **changes})
 
 
-def auto_order(device, d):
-    """The pairs "auto" tries for head dim d, fastest first. On an sm_90 GPU the Hopper pairs:
-    for half inputs wgmma16 (forward and backward on 16-bit products: 1.02-1.97x
-    wgmma16-tf32bwd in forward+backward, d = 64 and 128, on the H200 in bfloat16,
-    2026-12-04 05:49 UTC, before its two-warpgroup blocks made it faster); for float32 wgmma (1.3-1.6x fa2 in forward+backward;
-    docs/performance.md); elsewhere fa2. On the simulator fa2 as well: there the Hopper pairs' tensor-core products are
-    NumPy models, several times slower than fa2's FFMA loops."""
-    if device != "sm_90":
-        return ("fa2",)
-    return ("wgmma16", "wgmma", "fa2")
+def auto_order(device):
+    """The pairs "auto" tries, fastest first (each can_run decides whether it takes the case).
+    On an sm_90 GPU the Hopper pairs: for half inputs wgmma16 (forward and backward on 16-bit
+    products: 1.02-1.97x wgmma16-tf32bwd in forward+backward, d = 64 and 128, on the H200 in
+    bfloat16, 2026-12-04 05:49 UTC, before its two-warpgroup blocks made it faster); for
+    float32 wgmma (1.3-1.6x fa2 in forward+backward; docs/performance.md); elsewhere fa2. On
+    the simulator fa2 as well: there the Hopper pairs' tensor-core products are NumPy models,
+    several times slower than fa2's FFMA loops."""
+    return ("wgmma16", "wgmma", "fa2") if device == "sm_90" else ("fa2",)
 
 
 def kernel_dtype(dtype):
@@ -167,7 +166,7 @@ def resolve(name, d, dtype, device=None):
     device = device or current_device()
     can_run = functools.partial(runs_itself, d=d, dtype=dtype, device=device)
     if name == "auto":
-        for candidate in auto_order(device, d):
+        for candidate in auto_order(device):
             if candidate in PAIRS and can_run(PAIRS[candidate]):
                 return PAIRS[candidate]
         raise ValueError(f"no registered kernel runs d={d} {np.dtype(dtype)} on {device}")

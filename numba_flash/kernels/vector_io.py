@@ -10,8 +10,8 @@ col even), for tensor-core fragments, which hold pairs of adjacent columns.
 copy16(sh, at, src, head, row, col, nbytes) starts an asynchronous copy (cp.async, sm_80 and
 newer) of the 16 bytes at src[head, row, col:] into the shared array sh at element offset `at`
 (16-byte aligned), the bytes past nbytes (0 or 16) zero: the thread goes on while the copy runs.
-copies_commit() closes the thread's copies started so far into a group; copies_wait(n) waits
-until at most n of the thread's groups are still running (then a block barrier, and for wgmma
+copies_commit() closes the thread's copies started so far into a group; make_copies_wait(n)()
+waits until at most n of the thread's groups are still running (then a block barrier, and for wgmma
 operands sm90.wgmma.fence_proxy_async, before other threads read them).
 
 Numba emits one scalar access per element and cannot vectorize them itself: it does not know
@@ -235,25 +235,21 @@ else:
 
         return sig, codegen
 
-    @intrinsic
-    def copies_commit(typingctx):
-        def codegen(context, builder, sig, args):
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), "cp.async.commit_group;",
-                               "~{memory}", side_effect=True)
-            builder.call(asm, [])
-            return context.get_dummy_value()
-        return types.void(), codegen
+    def _statement(text):
+        """An intrinsic of no arguments that emits the PTX `text` (a memory clobber: no load or
+        store moves across it)."""
+        @intrinsic
+        def statement(typingctx):
+            def codegen(context, builder, sig, args):
+                builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), []), text,
+                                          "~{memory}", side_effect=True), [])
+                return context.get_dummy_value()
+            return types.void(), codegen
+        return statement
+
+    copies_commit = _statement("cp.async.commit_group;")
 
     @functools.lru_cache(maxsize=None)
     def make_copies_wait(n):
         """copies_wait(): cp.async.wait_group n (n a constant of the instruction)."""
-        @intrinsic
-        def copies_wait(typingctx):
-            def codegen(context, builder, sig, args):
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), []),
-                                   f"cp.async.wait_group {int(n)};", "~{memory}",
-                                   side_effect=True)
-                builder.call(asm, [])
-                return context.get_dummy_value()
-            return types.void(), codegen
-        return copies_wait
+        return _statement(f"cp.async.wait_group {int(n)};")

@@ -180,8 +180,8 @@ def make_lean_kernel(causal, half=False):
             s_steps(sm, s_acc, q_at, 4)
             s_steps(sm, s_acc, q_at, 6)
 
-            online_softmax(sm, U(SCRATCH_AT), s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t,
-                           nq, nk)
+            online_softmax(sm, U(SCRATCH_AT), s_acc, m, l, m_safe, alpha, True, n0, i0, i1,
+                           col_t, nq, nk)
             for j in range(REGS):
                 o_acc[j] *= alpha[(j % 4) // 2]
 
@@ -299,7 +299,8 @@ def make_wide_kernel(causal, vector_loads, half=False):
             s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, x, a_big, a_small,
                     scratch)
 
-            online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk)
+            online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, True, n0, i0, i1, col_t, nq,
+                           nk)
             for j in range(REGS):
                 o0[j] *= alpha[(j % 4) // 2]
                 o1[j] *= alpha[(j % 4) // 2]

@@ -25,19 +25,19 @@ LN2 = math.log(2.0)
 
 @functools.lru_cache(maxsize=None)
 def make_online_softmax(causal, base2=False):
-    """online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk): one
+    """online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq,
+    nk): one
     K/V block's step of the online softmax on a warpgroup's 64 x 64 S (the accumulator entries
     s_acc of rows i0, i1 and keys n0 + col_t.., wgmma.position), in place: S masked (keys past
     nk; causal), m = max(m, rowmax S), alpha = exp(m_old - m_new), l = l alpha + rowsum P, and
     s_acc = P = exp(S - m); the caller rescales O by alpha. m, l, m_safe, alpha: the thread's
     two rows' (l its share of the row sum, m_safe m or 0 while a row has seen no key); the row
     max over the quad by quad_max (scratch: the simulator's exchange). Shared by both forward
-    kernels (sm90.forward).
+    kernels (sm90.forward). masked: False for a block in which every key is visible to every
+    row (neither past nk nor, causal, past the diagonal), whose masking is skipped (the
+    float32 forward passes True for every block).
     base2 (sm90.forward16): S comes in units of log2 (scaled by log2 e), m is kept in them, and
-    every exponential is exp2_approx; lse = m ln 2 + log l (make_finish_rows(base2=True)).
-    Its step takes a further argument, `masked`: False for a block in which every key is
-    visible to every row (neither past nk nor, causal, past the diagonal), whose masking is
-    skipped."""
+    every exponential is exp2_approx; lse = m ln 2 + log l (make_finish_rows(base2=True))."""
     exp = exp2_approx if base2 else math.exp
 
     @inlined_device_function
@@ -61,7 +61,8 @@ def make_online_softmax(causal, base2=False):
         return mx0, mx1
 
     @inlined_device_function
-    def step(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq, nk):
+    def online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq,
+                       nk):
         # mask, then the row max of this tile: the thread's 16 entries, then its quad's
         mx0, mx1 = row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk)
         mx0 = quad_max(sm, scratch, mx0)
@@ -78,13 +79,6 @@ def make_online_softmax(causal, base2=False):
             p = exp(s_acc[j] - m_safe[h])
             s_acc[j] = p
             l[h] += p
-
-    if base2:
-        return step
-
-    @inlined_device_function
-    def online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, n0, i0, i1, col_t, nq, nk):
-        step(sm, scratch, s_acc, m, l, m_safe, alpha, True, n0, i0, i1, col_t, nq, nk)
     return online_softmax
 
 

@@ -88,6 +88,8 @@ def _check(fmt, n, K):
 
 
 if SIMULATOR:
+    import ml_dtypes
+
     from .wgmma import exchange_buffer
 
     def decode_host(bits, fmt):
@@ -97,20 +99,14 @@ if SIMULATOR:
             return (bits.astype(np.uint32) << np.uint32(16)).view(np.float32)
         return bits.view(np.float16).astype(np.float32)
 
+    _FORMAT_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+
     def _encode_scalar(x, fmt):
-        """The 16-bit pattern of float32 x rounded to fmt, to nearest with ties to even (NaN a
-        quiet NaN, past the largest inf), in Python integers: the simulator calls it per
-        entry (tests/test_wgmma16.py checks it against ml_dtypes and NumPy)."""
-        x = np.float32(x)
-        if fmt == "float16":
-            with np.errstate(over="ignore"):
-                return int(np.float16(x).view(np.uint16))
-        if x != x:
-            return 0x7FC0
-        b = int(x.view(np.uint32))
-        if (b & 0x7F800000) == 0x7F800000:          # +-inf
-            return b >> 16
-        return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF
+        """The 16-bit pattern of float32 x rounded to fmt (ml_dtypes' and NumPy's conversions:
+        to nearest, ties to even; past the largest inf), a Python integer: the simulator calls
+        it per entry."""
+        with np.errstate(over="ignore"):
+            return int(np.float32(x).astype(_FORMAT_DTYPES[fmt]).view(np.uint16))
 
     def _entries(regs, warp, lane):
         g, t = lane // 4, lane % 4
