@@ -54,6 +54,15 @@ def test_vector_loads_reject_misaligned_arrays():
     wide = flat[:-1].reshape(2, 16, 8)
     assert not aligned(wide[:, :, :6]) and not aligned(wide[:, :, ::2])
     assert aligned(wide[:, :, 4:])                                           # 16 bytes in
+    # a GPU array as Numba's DeviceNDArray presents it: the interface, shape, strides, dtype and
+    # no .itemsize (checking a.itemsize broke every 16-bit launch on the GPU, not the simulator)
+    class DeviceView:
+        def __init__(self, a):
+            self.shape, self.strides, self.ndim, self.dtype = a.shape, a.strides, a.ndim, a.dtype
+            self.__cuda_array_interface__ = {"data": (a.ctypes.data, False)}
+    assert not hasattr(DeviceView(good), "itemsize")
+    assert aligned(DeviceView(good)) and not aligned(DeviceView(bad))
+    assert not aligned(DeviceView(wide[:, :, :6]))
     kern, threads = forward_fa2.make_forward_kernel(16, 16, 8, False, np.dtype(np.float32),
                                                     vector_loads=True)
     out, lse = np.zeros_like(good), np.zeros((2, 16), np.float32)

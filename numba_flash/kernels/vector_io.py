@@ -44,8 +44,9 @@ def aligned(*arrays):
         if ptr % ALIGN_BYTES:
             return False
         last = a.ndim - 1       # (the simulator's shapes take no negative index)
-        if last >= 1 and (a.strides[last - 1] % ALIGN_BYTES or a.strides[last] != a.itemsize
-                          or a.shape[last] * a.itemsize % ALIGN_BYTES):
+        item = a.dtype.itemsize  # (Numba's DeviceNDArray has no .itemsize of its own)
+        if last >= 1 and (a.strides[last - 1] % ALIGN_BYTES or a.strides[last] != item
+                          or a.shape[last] * item % ALIGN_BYTES):
             return False
     return True
 
