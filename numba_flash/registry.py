@@ -136,10 +136,14 @@ def auto_order(device):
     On an sm_90 GPU the Hopper pairs: for half inputs wgmma16 (forward and backward on 16-bit
     products: 1.02-1.97x wgmma16-tf32bwd in forward+backward, d = 64 and 128, on the H200 in
     bfloat16, 2026-12-04 05:49 UTC, before its two-warpgroup blocks made it faster); for
-    float32 wgmma (1.3-1.6x fa2 in forward+backward; docs/performance.md); elsewhere fa2. On
-    the simulator fa2 as well: there the Hopper pairs' tensor-core products are NumPy models,
-    several times slower than fa2's FFMA loops."""
-    return ("wgmma16", "wgmma", "fa2") if device == "sm_90" else ("fa2",)
+    float32 wgmma (1.3-1.6x fa2 in forward+backward; docs/performance.md). On other GPUs
+    (sm_80 and later) mma16 for half inputs (the same 16-bit kernels on mma.sync: one product
+    where fa2's widened 3xTF32 takes three; measured on the H200 only), else fa2. On the
+    simulator fa2: there the tensor-core products are NumPy models, several times slower than
+    fa2's FFMA loops."""
+    if device == "sm_90":
+        return ("wgmma16", "wgmma", "fa2")
+    return ("fa2",) if device == "simulator" else ("mma16", "fa2")
 
 
 def kernel_dtype(dtype):
@@ -223,13 +227,6 @@ def _fa2_backward_tiles(d, dtype, deterministic):
             else backward_fa2.default_blocks_atomic(d, dtype))
 
 
-def _check_fa2_backward(block_m, block_n, d, dtype, deterministic):
-    backward_fa2.make_dkdv_kernel(block_m, block_n, d, False, dtype,
-                                  dq_atomic=not deterministic)
-    if deterministic:
-        backward_fa2.make_dq_kernel(block_m, block_n, d, False, dtype)
-
-
 register(Pair(
     "rowwise", forward_rowwise.make_forward_kernel, _tiled_backward,
     forward_rowwise.default_blocks, lambda d, dtype, det: backward.default_blocks(d, dtype),
@@ -242,7 +239,7 @@ register(Pair(
     summary="thread tiles of S and O in shared memory; dK/dV and dQ kernels"))
 register(Pair(
     "fa2", forward_fa2.make_forward_kernel, _fa2_backward,
-    forward_fa2.default_blocks, _fa2_backward_tiles, _check_fa2_backward, atomic_dq=True,
+    forward_fa2.default_blocks, _fa2_backward_tiles, backward_fa2.check_tiles, atomic_dq=True,
     exact_infinities=False,
     summary="FlashAttention-2's work split; float32 backward products on mma.sync (3xTF32)"))
 register(Pair(
@@ -269,6 +266,35 @@ def _hopper16_pair(name, run_backward, summary):
         half_inputs=True, half_storage=True, summary=summary)
 
 
+# opt-in shared memory per block (bytes) by compute capability; others of sm_80+ as the least
+SHARED_PER_BLOCK = {"sm_80": 166912, "sm_87": 166912, "sm_90": 232448, "sm_100": 232448}
+SHARED_PER_BLOCK_LEAST = 101376       # sm_86, sm_89, sm_120: 99 KiB
+
+
+def _mma16_can_run(d, dtype, device):
+    """mma16: half dtypes, d <= 128, the simulator or an sm_80+ GPU whose shared memory per
+    block holds both kernels' tiles for d's padded D (d = 128 needs 145 KiB: A100, H100 and
+    later, not the 99 KiB of sm_86 / sm_89)."""
+    if not (half_format(dtype) and 1 <= d <= 128):
+        return False
+    if device == "simulator":
+        return True
+    major = int(device[3:-1]) if device[3:].isdigit() and len(device) >= 5 else 0
+    D = 64 if d <= 64 else 128
+    need = max(forward16.shared_bytes(D), backward16.shared_bytes(D))
+    return major >= 8 and need <= SHARED_PER_BLOCK.get(device, SHARED_PER_BLOCK_LEAST)
+
+
+register(Pair(
+    "mma16", functools.partial(forward16.make_forward_kernel, products="mma"),
+    functools.partial(backward16.run_backward, products="mma"),
+    lambda d, dtype: forward16.tiles(d),
+    lambda d, dtype, det: backward16.widened_tiles(d, "mma", det),
+    lambda bm, bn, d, dtype, det: backward16.check_widened_tiles(bm, bn, d, "mma", det),
+    can_run=_mma16_can_run, fallback="fa2", fixed_tiles=True, atomic_dq=True,
+    exact_infinities=False, half_inputs=True, half_storage=True,
+    summary="wgmma16's forward and backward on mma.sync.m16n8k16 (sm_80+: A100, L4, RTX "
+            "30/40): float16 / bfloat16 as stored, d <= 128 (d <= 64 on 99 KiB GPUs)"))
 register(_hopper16_pair(
     "wgmma16", backward16.run_backward,
     "Hopper wgmma on 16-bit products, forward and backward: float16 / bfloat16 read as "

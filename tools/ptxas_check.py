@@ -17,7 +17,8 @@ launchers the pairs call (so a variant this file does not name is not compiled):
       each also as its half-input variant (label "... half": the products of the half
       inputs' zero small parts not issued);
     sm90 forward16 and backward16 (the "wgmma16" pair: its forward, its dK/dV kernel): d = 64
-      and 128, bfloat16 and float16, causal both;
+      and 128, bfloat16 and float16, causal both; "mma16 ...": the same kernels on mma.sync
+      (the "mma16" pair), compiled for sm_80;
     fa2 (float32, default tiles, d = 64 and 128, not causal):
       forward, the backward's dK/dV kernel with dq_atomic=True (as run_backward configures it),
       and the deterministic path's dK/dV and dQ kernels.
@@ -133,6 +134,16 @@ def kernels():
         for label, kernel in _dispatchers(f"sm90 backward16 d={d} {fmt} causal={causal}",
                                           launcher):
             yield label, kernel, DKDV16_ARGS
+        # the same kernels on mma.sync (the "mma16" pair), compiled for sm_80 (A100)
+        launcher, _ = sm90_forward16.make_forward_kernel(*sm90_forward16.tiles(d), d, causal,
+                                                         np.dtype(fmt), products="mma")
+        for label, kernel in _dispatchers(f"mma16 forward16 d={d} {fmt} causal={causal}",
+                                          launcher):
+            yield label, kernel, FORWARD16_ARGS, "sm_80"
+        launcher = sm90_backward16.dkdv_launcher(d, causal, fmt, "mma")
+        for label, kernel in _dispatchers(f"mma16 backward16 d={d} {fmt} causal={causal}",
+                                          launcher):
+            yield label, kernel, DKDV16_ARGS, "sm_80"
     for d in (64, 128):
         bm, bn = forward_fa2.default_blocks(d, F32)
         launcher, _ = forward_fa2.make_forward_kernel(bm, bn, d, False, F32)
@@ -155,20 +166,23 @@ def kernels():
             yield label, kernel, DQ_ARGS
 
 
-def ptxas(label, kernel, args, home):
-    """ptxas -v's figures for one kernel: dict(registers, stack, spill_stores, spill_loads,
-    seconds), or dict(error=...)."""
+def ptxas(label, kernel, args, home, arch="sm_90a"):
+    """ptxas -v's figures for one kernel compiled for `arch` ("sm_90a", or "sm_80" for the
+    mma16 kernels): dict(registers, stack, spill_stores, spill_loads, seconds), or
+    dict(error=...)."""
     options = getattr(kernel, "targetoptions", {})
     t0 = time.perf_counter()
-    ptx, _ = cuda.compile_ptx(kernel.py_func, args, cc=(9, 0),
+    cc = (9, 0) if arch == "sm_90a" else (int(arch[3]), int(arch[4]))
+    ptx, _ = cuda.compile_ptx(kernel.py_func, args, cc=cc,
                               fastmath=options.get("fastmath", False),
                               lineinfo=options.get("lineinfo", False),
                               launch_bounds=options.get("launch_bounds"))
-    ptx = ptx.replace(".target sm_90", ".target sm_90a")    # wgmma needs the a-target
+    if arch == "sm_90a":
+        ptx = ptx.replace(".target sm_90", ".target sm_90a")    # wgmma needs the a-target
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False,
                                      prefix="ptxas_check_") as f:
         f.write(ptx)
-    command = [os.path.join(home, "bin", "ptxas"), "-arch=sm_90a", "-v", f.name, "-o",
+    command = [os.path.join(home, "bin", "ptxas"), f"-arch={arch}", "-v", f.name, "-o",
                os.devnull]
     if options.get("max_registers"):
         command[1:1] = ["-maxrregcount", str(options["max_registers"])]
@@ -216,10 +230,10 @@ def main(words):
     if not os.path.exists(os.path.join(home, "bin", "ptxas")):
         sys.exit(f"ptxas_check: no ptxas at {home}/bin (set CUDA_HOME to a CUDA toolkit)")
     rows = []
-    for label, kernel, args in kernels():
+    for label, kernel, args, *arch in kernels():
         if words and not all(w in label for w in words):
             continue
-        r = ptxas(label, kernel, args, home)
+        r = ptxas(label, kernel, args, home, *arch)
         rows.append((label, r))
         print(f"{label}: {r.get('info') or r.get('error')} ({r['seconds']:.0f} s)", flush=True)
     if not rows:

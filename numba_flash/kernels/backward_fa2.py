@@ -559,6 +559,14 @@ def tensor_cores_by_default(dtype, dq_atomic):
     return None if np.dtype(dtype) == np.float32 and bool(dq_atomic) else False
 
 
+def check_tiles(block_m, block_n, head_dim, dtype, deterministic=False):
+    """ValueError unless run_backward takes these tiles: its dK/dV kernel adding dQ with
+    atomics, or (deterministic=True) without, and its dQ kernel."""
+    make_dkdv_kernel(block_m, block_n, head_dim, False, dtype, dq_atomic=not deterministic)
+    if deterministic:
+        make_dq_kernel(block_m, block_n, head_dim, False, dtype)
+
+
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m, block_n, threads=None, dq_atomic=False, vector_atomics=None,
                  prefetch=None, tensor_cores="default", stream=0):

@@ -40,14 +40,16 @@ from numba import cuda, float32, uint16, uint32
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, ceil_div, head_grid,
                        head_index, inlined_device_function, kernel_jit, make_recompute_p,
                        simulator_launch, simulator_switch_interval)
+from ..backward_fa2 import (check_tiles as fa2_check, default_blocks as fa2_blocks,
+                            default_blocks_atomic as fa2_blocks_atomic, run_backward as run_fa2)
+from ..mma16 import engine
 from ..vector_io import AlignedDispatch, add2, copies_commit, make_copies_wait
-from .backward import check_tiles, run_backward as run_tf32
+from .backward import check_tiles, run_backward as run_tf32, tiles
 from .operands import BLOCK, REGS
 from .softmax import LOG2E
 from .stage16 import make_stage_pair
-from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
-from .wgmma16 import (core_offset16, core_offset16_host, make_pack_half2, make_unpack_half,
-                      make_wait, products16)
+from .wgmma import SCRATCH, WARPGROUP
+from .wgmma16 import core_offset16, core_offset16_host, make_pack_half2, make_unpack_half
 
 P_WORDS = REGS // 2         # a 64 x 64 accumulator rounded, two entries to a word
 HALF_D = 64                 # dQ's head-dim columns per product
@@ -81,15 +83,23 @@ def make_preprocess(fmt):
     return simulator_launch(preprocess16), WARPGROUP
 
 
+def shared_bytes(D):
+    """Bytes of shared memory the dK/dV kernel for D takes on a GPU: K and V of both
+    warpgroups, STAGES Q/dO blocks, each warpgroup's dS (16-bit), a Q block's lse and D."""
+    return 2 * (2 * WARPGROUPS * BLOCK * D + STAGES * 2 * BLOCK * D
+                + WARPGROUPS * BLOCK * BLOCK) + 4 * 2 * BLOCK
+
+
 @functools.lru_cache(maxsize=None)
-def make_dkdv_kernel(D, causal, fmt, asynchronous):
+def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     """The dK/dV kernel for head dims up to D (64 or 128): grid (ceil(Nk / 128), B*Hk), 256
     threads, arguments (q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group): q, k, v,
     dout (B*H or B*Hk, N, d) uint16 patterns of `fmt`, lse and Dsum (B*H, Nq) float32, dk, dv
     (B*Hk, Nk, d) and dq (B*H, Nq, d) float32 (dq zeroed: added into); asynchronous: tiles
-    staged with cp.async and dq added in column pairs (q, k, v, dout, dq 16-byte aligned,
-    d a multiple of 8), else element by
-    element (stage16). Returns the launchable kernel."""
+    staged with cp.async and, on wgmma, dq added in column pairs (q, k, v, dout, dq 16-byte
+    aligned, d a multiple of 8), else element by element (stage16); products: the
+    tensor-core engine, "wgmma" (sm_90a) or "mma" (mma.sync, sm_80+; kernels.mma16). Returns
+    the launchable kernel."""
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
     # 16-bit element offsets: K, V of both warpgroups' keys once (warpgroup w's TILE w on);
@@ -102,8 +112,12 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
     LSE_AT = ELEMENTS // 2                # floats: the Q block's lse and D (-inf, 0 past Nq)
     DSUM_AT = LSE_AT + BLOCK
     SCRATCH_AT = DSUM_AT + BLOCK          # the simulator's exchanges, per warpgroup
-    NBYTES = 2 * ELEMENTS + 4 * 2 * BLOCK + (4 * WARPGROUPS * SCRATCH if SIMULATOR else 0)
+    NBYTES = shared_bytes(D) + (4 * WARPGROUPS * SCRATCH if SIMULATOR else 0)
+    assert shared_bytes(D) == 2 * ELEMENTS + 4 * 2 * BLOCK
     ACC = D // 2                                              # dK's and dV's entries
+    eng = engine(products)
+    products16, make_wait, fence = eng.products16, eng.make_wait, eng.fence
+    vector_dq = asynchronous and eng.vector_dq      # red.global.add.v2.f32 is sm_90's
     score = products16(BLOCK, D, BLOCK, fmt)["ss_issue"]     # 64 keys x 64 queries, K = D
     # 64 keys x D, K = 64 queries, B = dO or Q read transposed from its tile
     grad = products16(D, D, BLOCK, fmt, b_rows=D)
@@ -175,8 +189,9 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
     def add_dq(dq, part, nt, bh, m0, c0, row, col_t, nq, d, scale):
         """dq[bh, m0 + row.., c0 + col..] += scale * entries 4 nt.. of part, atomically: in
         pairs of adjacent columns (one red.global.add.v2.f32, vector_io.add2) on the
-        asynchronous path, whose d is a multiple of 8 and dq 16-byte aligned (dispatch)."""
-        if asynchronous:
+        asynchronous path of the wgmma engine (d a multiple of 8, dq 16-byte aligned:
+        dispatch), else one by one."""
+        if vector_dq:
             for h in range(2):
                 i = m0 + row + U(8 * h)
                 c = c0 + U(8 * nt) + col_t
@@ -284,7 +299,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
                 copies_commit()             # an empty group: "all but the newest" below
             if asynchronous:
                 copies_wait_but_one()       # this Q block's (and K's, V's) copies have landed
-            fence_proxy_async()
+            fence()
             cuda.syncthreads()
             q_at = U(QDO_AT) + b * U(2 * TILE)
             do_at = q_at + U(TILE)
@@ -320,7 +335,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
             store_ds(sh, ds_at, dpt, 7, row, col_t)
             wait_acc_first(dv_acc)
             wait_acc_last(dk_acc)
-            fence_proxy_async()
+            fence()
             cuda.syncthreads()
             # written out, not a loop: LLVM does not unroll a loop holding a wgmma
             if D > HALF_D:
@@ -342,25 +357,29 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous):
     return simulator_launch(DynamicSharedKernel(dkdv16, NBYTES))
 
 
-def dkdv_launcher(D, causal, fmt):
+def dkdv_launcher(D, causal, fmt, products="wgmma"):
     """The dK/dV kernel as run_backward launches it: the asynchronous one where q, k, v, dout
     and dq are 16-byte aligned, else the synchronous one (vector_io.AlignedDispatch)."""
-    return AlignedDispatch(make_dkdv_kernel(D, causal, fmt, True),
-                           make_dkdv_kernel(D, causal, fmt, False), positions=(0, 1, 2, 3, 8))
+    return AlignedDispatch(make_dkdv_kernel(D, causal, fmt, True, products),
+                           make_dkdv_kernel(D, causal, fmt, False, products),
+                           positions=(0, 1, 2, 3, 8))
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal, fmt,
-                 block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0):
+                 block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0,
+                 products="wgmma"):
     """The 16-bit backward (registry contract, with the inputs as stored): dout, q, k, v, out
     (B*H or B*Hk, N, d) uint16 device arrays of `fmt` patterns, lse (B*H, Nq) float32; dq, dk,
     dv float32 device arrays, written. The preprocess (D, dq zeroed), then the dK/dV kernel
-    adding dQ with atomics, on `stream`. deterministic=True: wgmma's backward on the inputs
-    widened to float32 (its dQ pass has no atomics; this one has no such pass yet)."""
+    adding dQ with atomics, on `stream`; its products on `products` ("wgmma" or "mma", as
+    make_dkdv_kernel), its blocks fixed (block_m, block_n are the widened backward's).
+    deterministic=True: run_widened (no atomics; this kernel has no dQ pass yet)."""
     from ... import arrays
-    check_tiles(block_m, block_n, q.shape[2], np.float32)
+    check_widened_tiles(block_m, block_n, q.shape[2], products, deterministic)
     if deterministic:
         run_widened(dout, q, k, v, lse, out, dq, dk, dv, scale=scale, heads=heads, group=group,
-                    causal=causal, fmt=fmt, deterministic=True, stream=stream)
+                    causal=causal, fmt=fmt, block_m=block_m, block_n=block_n,
+                    deterministic=True, stream=stream, products=products)
         return
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
@@ -368,16 +387,34 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     pre, threads = make_preprocess(fmt)
     with simulator_switch_interval():
         pre[(ceil_div(nq, threads), *head_grid(bh)), threads, stream](dout, out, Dsum, dq)
-        kernel = dkdv_launcher(64 if d <= 64 else 128, bool(causal), fmt)
+        kernel = dkdv_launcher(64 if d <= 64 else 128, bool(causal), fmt, products)
         kernel[(ceil_div(nk, BLOCK_N), *head_grid(bhk)), THREADS, stream](
             q, k, v, dout, lse, Dsum, dk, dv, dq, np.float32(scale), heads, group)
 
 
+def widened_tiles(d, products, deterministic):
+    """(block_m, block_n) of the widened backward that run_widened runs: wgmma's tiles, or
+    for products="mma" fa2's (deterministic: its dQ kernel; else with dQ atomics)."""
+    if products == "wgmma":
+        return tiles(d)
+    return (fa2_blocks(d, np.float32) if deterministic else fa2_blocks_atomic(d, np.float32))
+
+
+def check_widened_tiles(block_m, block_n, d, products, deterministic):
+    """ValueError unless the widened backward of `products` takes these tiles."""
+    if products == "wgmma":
+        check_tiles(block_m, block_n, d, np.float32)
+    else:
+        fa2_check(block_m, block_n, d, np.float32, deterministic)
+
+
 def run_widened(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal, fmt,
-                block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0):
-    """wgmma's backward (3xTF32, two products a step for half values) on the 16-bit inputs
-    widened to float32 on the device: the "wgmma16-tf32bwd" pair's backward, and
-    run_backward's with deterministic=True. Arguments as run_backward's."""
+                block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0,
+                products="wgmma"):
+    """wgmma's backward (3xTF32, two products a step for half values; products="mma": fa2's,
+    for GPUs without wgmma) on the 16-bit inputs widened to float32 on the device: the
+    "wgmma16-tf32bwd" pair's backward, and run_backward's with deterministic=True.
+    Arguments as run_backward's."""
     from ... import arrays
     from .. import convert
     wide = []
@@ -385,6 +422,11 @@ def run_widened(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, cau
         w = arrays.empty_device(x.shape, np.float32)
         convert.widen(x.view(arrays.device_dtype(fmt)), w, fmt, stream)
         wide.append(w)
+    if products == "mma":
+        run_fa2(*wide[:4], lse, wide[4], dq, dk, dv, scale=scale, heads=heads, group=group,
+                causal=causal, block_m=block_m, block_n=block_n,
+                dq_atomic=not deterministic, stream=stream)
+        return
     run_tf32(*wide[:4], lse, wide[4], dq, dk, dv, scale=scale, heads=heads, group=group,
              causal=causal, block_m=block_m, block_n=block_n, deterministic=deterministic,
              stream=stream, half=True)

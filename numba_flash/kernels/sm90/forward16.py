@@ -39,8 +39,9 @@ from ..vector_io import AlignedDispatch, copies_commit, make_copies_wait
 from .operands import BLOCK, REGS
 from .softmax import LOG2E, make_finish_rows, make_online_softmax
 from .stage16 import make_stage16, make_stage_pair
-from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
-from .wgmma16 import make_pack_half2, make_wait, products16
+from ..mma16 import engine
+from .wgmma import SCRATCH, WARPGROUP
+from .wgmma16 import make_pack_half2
 
 D_MAX = 128          # head dims up to this; zero-padded to 64 or 128
 P_WORDS = REGS // 2  # P's register A fragments: its 32 entries, two to a word
@@ -69,22 +70,31 @@ def check(block_m, block_n, d, dtype):
                          f"({block_m}, {block_n})")
 
 
+def shared_bytes(D):
+    """Bytes of shared memory the kernel for D takes on a GPU: both warpgroups' Q tiles and
+    STAGES K/V blocks (64 rows x D, 16-bit)."""
+    return 2 * BLOCK * D * (WARPGROUPS + STAGES * 2)
+
+
 @functools.lru_cache(maxsize=None)
-def make_kernel(D, causal, fmt, asynchronous):
+def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     """The kernel for head dims up to D (64 or 128): grid (ceil(Nq / 128), B*H), 256 threads,
     arguments (q, k, v, out, lse, scale_log2, heads, group): q, k, v, out (B*H, N, d) uint16
     device arrays holding `fmt` ("bfloat16" or "float16") patterns, lse (B*H, Nq) float32,
     scale_log2 = scale log2(e) float32; asynchronous: tiles staged with cp.async (q, k, v
-    16-byte aligned, d a multiple of 8), else element by element (stage16). Returns the
-    launchable kernel."""
+    16-byte aligned, d a multiple of 8), else element by element (stage16); products: the
+    tensor-core engine, "wgmma" (sm_90a) or "mma" (mma.sync, sm_80+; kernels.mma16). Returns
+    the launchable kernel."""
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
     TILE = BLOCK * D                          # elements of a 64-row Q, K or V tile
     Q_AT, KV_AT = 0, WARPGROUPS * TILE        # warpgroup w's Q at TILE w; K of stage b at
-    NBYTES = 2 * (KV_AT + STAGES * 2 * TILE)  # KV_AT + 2 TILE b, its V one TILE further
+    NBYTES = shared_bytes(D)                  # KV_AT + 2 TILE b, its V one TILE further
     SCRATCH_AT = NBYTES // 4                  # floats: the simulator's exchanges, per warpgroup
     NBYTES += 4 * WARPGROUPS * SCRATCH if SIMULATOR else 0
     O_REGS = D // 2                                           # O's accumulator entries
+    eng = engine(products)
+    products16, make_wait, fence = eng.products16, eng.make_wait, eng.fence
     s_issue = products16(BLOCK, D, BLOCK, fmt)["ss_issue"]   # S = Q K^T: 64 x 64, K = D
     pv = products16(D, D, BLOCK, fmt, b_rows=D)                # O += P V, V as staged
     pv_product, pv_issue, pv_descriptor = pv["mma_rs"], pv["rs_issue"], pv["rs_descriptor"]
@@ -114,7 +124,7 @@ def make_kernel(D, causal, fmt, asynchronous):
             copies_commit()                 # an empty group: "all but the newest" below
         if asynchronous:
             copies_wait_but_one()           # this block's (and Q's) copies have landed
-        fence_proxy_async()
+        fence()
         cuda.syncthreads()
 
     @inlined_device_function
@@ -224,11 +234,12 @@ class _Launch:
     """kernel[grid, threads, stream](q, k, v, out, lse, scale, heads, group) as the registry
     launches a forward: scale turned into scale log2(e) (S is formed in units of log2), the
     asynchronous kernel where q, k, v allow it (vector_io.AlignedDispatch), else the
-    synchronous one."""
+    synchronous one; products: make_kernel's."""
 
-    def __init__(self, D, causal, fmt):
-        self.dispatch = AlignedDispatch(make_kernel(D, causal, fmt, True),
-                                        make_kernel(D, causal, fmt, False), positions=range(3))
+    def __init__(self, D, causal, fmt, products):
+        self.dispatch = AlignedDispatch(make_kernel(D, causal, fmt, True, products),
+                                        make_kernel(D, causal, fmt, False, products),
+                                        positions=range(3))
 
     def __getitem__(self, config):
         run = self.dispatch[config]
@@ -239,8 +250,10 @@ class _Launch:
         return launch
 
 
-def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, products="wgmma"):
     """(launch, threads) for the registry: the kernel for head_dim's padded D and the format
-    of dtype (check() first)."""
+    of dtype (check() first), its products on `products` ("wgmma": the wgmma16 pair; "mma":
+    the mma16 pair)."""
     check(block_m, block_n, head_dim, dtype)
-    return _Launch(64 if head_dim <= 64 else 128, bool(causal), half_format(dtype)), THREADS
+    return _Launch(64 if head_dim <= 64 else 128, bool(causal), half_format(dtype),
+                   products), THREADS
