@@ -133,6 +133,13 @@ def test_auto_picks_the_fastest_pair_that_can_run():
                                    ("sm_90", 129, "float16", "fa2"),
                                    ("simulator", 64, "bfloat16", "fa2"),
                                    ("sm_80", 64, np.float32, "fa2"),
+                                   # other GPUs: the 16-bit kernels on mma.sync where their
+                                   # shared memory fits (d = 128: 145 KiB; sm_86 has 99)
+                                   ("sm_80", 128, "bfloat16", "mma16"),
+                                   ("sm_86", 64, "float16", "mma16"),
+                                   ("sm_86", 128, "bfloat16", "fa2"),
+                                   ("sm_89", 100, "float16", "fa2"),
+                                   ("sm_75", 64, "float16", "fa2"),
                                    ("simulator", 64, np.float32, "fa2")):
         assert registry.resolve("auto", d, dtype, device).name == name, (device, d, dtype)
     with pytest.raises(TypeError, match="kernel must be a registered name"):

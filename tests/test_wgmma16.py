@@ -52,11 +52,12 @@ def test_products16_reject_shapes_wgmma_lacks():
         wgmma16.products16(64, 64, 64, "float32")
 
 
-def product_kernel(n, K, fmt, transposed=False):
+def product_kernel(n, K, fmt, transposed=False, products16=wgmma16.products16):
     """D = A B^T (mma_ss) and E = C + A2 B^T (mma_rs, A2 from registers) by one warpgroup on
     16-bit patterns: A, A2 (64 x K), B (n x K), or transposed B^T (K x n), staged with the
-    contraction as its rows and read transposed (b_rows); C, D, E (64 x n) float32."""
-    prod = wgmma16.products16(n, K, K, fmt, b_rows=n if transposed else None)
+    contraction as its rows and read transposed (b_rows); C, D, E (64 x n) float32.
+    products16: wgmma16's, or mma16's (the same interface on mma.sync)."""
+    prod = products16(n, K, K, fmt, b_rows=n if transposed else None)
     ss, rs, regs = prod["mma_ss"], prod["mma_rs"], prod["regs"]
     pack = wgmma16.make_pack_half2(fmt)
     A_AT, B_AT = 0, 64 * K
@@ -171,16 +172,17 @@ def test_wgmma16_forward_rejects_what_it_cannot_take():
         forward16.make_forward_kernel(64, 64, 64, False, np.dtype(np.float16))
 
 
-def _check(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0, deterministic=False):
+def _check(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0, deterministic=False,
+           kernel="wgmma16"):
     rng = np.random.default_rng(seed)
     dt = FORMATS[fmt]
     q = (rng.standard_normal(shape_q) * scale_logits).astype(dt)
     k, v = (rng.standard_normal(shape_k).astype(dt) for _ in range(2))
     dout = rng.standard_normal(shape_q).astype(dt)
-    out, lse = flash_attention_forward(q, k, v, causal=causal, kernel="wgmma16")
+    out, lse = flash_attention_forward(q, k, v, causal=causal, kernel=kernel)
     assert out.dtype == dt and lse.dtype == np.float32
     assert_within_tolerance(check_forward(q, k, v, out, lse, causal=causal))
-    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, kernel="wgmma16",
+    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, kernel=kernel,
                                      deterministic=deterministic)
     assert all(g.dtype == dt for g in grads)
     assert_within_tolerance(check_backward(dout, q, k, v, *grads, causal=causal))

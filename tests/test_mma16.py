@@ -1,0 +1,74 @@
+"""kernels/mma16.py (the "mma16" pair: forward16 and backward16 on mma.sync.m16n8k16, for
+sm_80+ GPUs without wgmma): its products on integer inputs (exact, so a wrong fragment load
+gives other numbers), which GPUs the pair takes, and the pair within the half tolerance.
+
+On the simulator mma16's products are wgmma16's NumPy model, so these check the plumbing
+(engine, registry, the fa2 deterministic backward); the fragment loads and mma.sync are
+checked by the gpu-marked tests (an H200 runs mma.sync as an A100 does)."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from numba_flash import registry
+from numba_flash.kernels import mma16
+from test_wgmma16 import FORMATS, SMALL, _check, product_kernel
+
+
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("n,K,transposed", [(64, 64, False), (128, 64, False), (64, 128, False),
+                                            (64, 64, True), (128, 64, True), (64, 128, True),
+                                            (32, 64, True)])
+def test_mma16_products_on_integers_are_exact(fmt, n, K, transposed):
+    # integers |x| <= 8: every product and partial sum exact in float32 (as in test_wgmma16)
+    rng = np.random.default_rng(n + K + transposed)
+    A, A2 = (rng.integers(-8, 9, (64, K)).astype(np.float32) for _ in range(2))
+    B = rng.integers(-8, 9, (n, K)).astype(np.float32)
+    C = rng.integers(-100, 101, (64, n)).astype(np.float32)
+    bits = lambda x: x.astype(FORMATS[fmt]).view(np.uint16)         # noqa: E731
+    D = np.full((64, n), np.nan, np.float32)
+    E = np.full((64, n), np.nan, np.float32)
+    kernel, nbytes = product_kernel(n, K, fmt, transposed, products16=mma16.products16)
+    stored = np.ascontiguousarray(B.T) if transposed else B
+    kernel[1, 128, 0, nbytes](bits(A), A2, bits(stored), C, D, E)
+    np.testing.assert_array_equal(D, A @ B.T)
+    np.testing.assert_array_equal(E, C + A2 @ B.T)
+
+
+def test_mma16_engine_names_and_shapes():
+    assert mma16.engine("mma").vector_dq is False and mma16.engine("wgmma").vector_dq is True
+    with pytest.raises(ValueError, match="engine must be"):
+        mma16.engine("tf32")
+    with pytest.raises(ValueError, match="multiple of 16"):
+        mma16.products16(64, 24, 64, "bfloat16")
+
+
+def test_mma16_runs_where_its_shared_memory_fits():
+    bf16 = ml_dtypes.bfloat16
+    can_run = registry.PAIRS["mma16"].can_run
+    assert can_run(128, bf16, "sm_80") and can_run(128, bf16, "sm_90")
+    assert can_run(64, bf16, "sm_86") and not can_run(65, bf16, "sm_86")   # 99 KiB a block
+    assert not can_run(64, bf16, "sm_75") and not can_run(64, np.float32, "sm_80")
+    assert not can_run(129, np.float16, "sm_80")
+    assert registry.resolve("mma16", 128, bf16, "sm_89").name == "fa2"
+
+
+@pytest.mark.parametrize("fmt,case,deterministic", [("bfloat16", SMALL[0], False),
+                                                    ("float16", SMALL[1], True)])
+def test_mma16_within_the_half_tolerance(fmt, case, deterministic):
+    _check(fmt, *case, deterministic=deterministic, kernel="mma16")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("fmt", sorted(FORMATS))
+@pytest.mark.parametrize("shape_q,shape_k,causal,logits", [
+    ((2, 4, 1000, 64), (2, 4, 1000, 64), False, 1.0),
+    ((2, 4, 1000, 64), (2, 2, 1500, 64), True, 1.0),
+    ((1, 4, 777, 128), (1, 4, 513, 128), True, 1.0),
+    ((1, 2, 1024, 96), (1, 2, 1024, 96), False, 30.0),
+    ((1, 2, 300, 100), (1, 2, 260, 100), True, 1.0),      # d % 8 != 0: synchronous staging
+])
+def test_gpu_mma16_within_the_half_tolerance(fmt, shape_q, shape_k, causal, logits):
+    _check(fmt, shape_q, shape_k, causal, scale_logits=logits, kernel="mma16")
+    _check(fmt, shape_q, shape_k, causal, scale_logits=logits, deterministic=True,
+           kernel="mma16")
