@@ -209,7 +209,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     scale defaults to 1/sqrt(d); it must be finite and positive in the kernels' dtype (the
     inputs', float32 for half inputs).
     kernel: "auto" (the fastest registered pair that can run this case here: on an H200 with
-    d <= 128 the Hopper pairs, "wgmma" in float32 and "wgmma16" for float16 / bfloat16, else
+    d <= 128 the Hopper pairs, "wgmma" in float32 and "wgmma16" for float16 / bfloat16; on
+    other sm_80+ GPUs "mma16" for float16 / bfloat16 where its shared memory fits; else
     "fa2")
     or a registered name (numba_flash.registry.PAIRS; a pair that cannot run the case falls
     back as the registry says). block_m / block_n override the pair's tile sizes (ValueError

@@ -6,7 +6,8 @@ and `can_run(d, dtype, device)`. The API asks `resolve(name, d, dtype)` for the 
 
 - "auto" (the default) is the first pair of `auto_order(device)` that can run the case: the
   fastest measured there (on an H200, the Hopper pairs; docs/performance.md);
-- a pair that cannot run a case falls back to its `fallback` (wgmma16 -> wgmma -> fa2), here
+- a pair that cannot run a case falls back to its `fallback` (wgmma16 -> wgmma -> fa2,
+  mma16 -> fa2), here
   and nowhere else, so that the forward and the backward of one call resolve to the same
   pair.
 
@@ -29,7 +30,8 @@ from reference.precision import half_format
 from .kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forward_tiled
 from .kernels.sm90 import backward as backward_wgmma, backward16, forward as forward_wgmma
 from .kernels.sm90 import forward16
-from .kernels.support import SIMULATOR, SUPPORTED_DTYPES
+from .kernels.support import (SHARED_PER_BLOCK, SHARED_PER_BLOCK_LEAST, SIMULATOR,
+                              SUPPORTED_DTYPES)
 
 
 def current_device():
@@ -266,9 +268,13 @@ def _hopper16_pair(name, run_backward, summary):
         half_inputs=True, half_storage=True, summary=summary)
 
 
-# opt-in shared memory per block (bytes) by compute capability; others of sm_80+ as the least
-SHARED_PER_BLOCK = {"sm_80": 166912, "sm_87": 166912, "sm_90": 232448, "sm_100": 232448}
-SHARED_PER_BLOCK_LEAST = 101376       # sm_86, sm_89, sm_120: 99 KiB
+def shared_per_block(device):
+    """Opt-in shared memory per block in bytes of `device` ("sm_XY"): the driver's figure
+    for this process's GPU, else support.SHARED_PER_BLOCK's."""
+    if not SIMULATOR and device == current_device():
+        from numba import cuda
+        return cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    return SHARED_PER_BLOCK.get(device, SHARED_PER_BLOCK_LEAST)
 
 
 def _mma16_can_run(d, dtype, device):
@@ -282,7 +288,7 @@ def _mma16_can_run(d, dtype, device):
     major = int(device[3:-1]) if device[3:].isdigit() and len(device) >= 5 else 0
     D = 64 if d <= 64 else 128
     need = max(forward16.shared_bytes(D), backward16.shared_bytes(D))
-    return major >= 8 and need <= SHARED_PER_BLOCK.get(device, SHARED_PER_BLOCK_LEAST)
+    return major >= 8 and need <= shared_per_block(device)
 
 
 register(Pair(

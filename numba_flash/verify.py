@@ -4,7 +4,8 @@ bfloat16, float32, float64), against truth.
 
 By default the pairs `flash_attention_forward`/`flash_attention_backward` run here with
 kernel="auto" (registry.resolve per case and dtype: on an H200 with d <= 128 wgmma for
-float32, wgmma16 for the half dtypes; fa2 otherwise); `kernels=` names pairs, `all_pairs=True`
+float32, wgmma16 for the half dtypes; on other sm_80+ GPUs mma16 for the half dtypes where it
+fits; fa2 otherwise); `kernels=` names pairs, `all_pairs=True`
 takes every registered one. Truth in
 float64 (that of float32 kernels) is computed on the GPU when CuPy or torch can
 (testing.truth), under the same tolerance rule (testing.tolerance). On a GPU with the disk

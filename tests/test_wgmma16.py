@@ -52,11 +52,13 @@ def test_products16_reject_shapes_wgmma_lacks():
         wgmma16.products16(64, 64, 64, "float32")
 
 
-def product_kernel(n, K, fmt, transposed=False, products16=wgmma16.products16):
+def product_kernel(n, K, fmt, transposed=False, products16=wgmma16.products16,
+                   fence=wgmma.fence_proxy_async):
     """D = A B^T (mma_ss) and E = C + A2 B^T (mma_rs, A2 from registers) by one warpgroup on
     16-bit patterns: A, A2 (64 x K), B (n x K), or transposed B^T (K x n), staged with the
     contraction as its rows and read transposed (b_rows); C, D, E (64 x n) float32.
-    products16: wgmma16's, or mma16's (the same interface on mma.sync)."""
+    products16, fence: wgmma16's and the async proxy fence, or mma16's and none (the same
+    interface on mma.sync; fence.proxy.async does not compile below sm_90)."""
     prod = products16(n, K, K, fmt, b_rows=n if transposed else None)
     ss, rs, regs = prod["mma_ss"], prod["mma_rs"], prod["regs"]
     pack = wgmma16.make_pack_half2(fmt)
@@ -78,7 +80,7 @@ def product_kernel(n, K, fmt, transposed=False, products16=wgmma16.products16):
                 sh[B_AT + wgmma16.core_offset16(i // n, i % n, n)] = B[i // n, i % n]
             else:
                 sh[B_AT + wgmma16.core_offset16(i // K, i % K, K)] = B[i // K, i % K]
-        wgmma.fence_proxy_async()
+        fence()
         cuda.syncthreads()
         d = ss(sh, A_AT, B_AT)
         a = cuda.local.array(WORDS, uint32)

@@ -1,7 +1,7 @@
 """16-bit tile products by warp-wide `mma.sync.m16n8k16` (sm_80 and later): the products of
 sm90/wgmma16.py, same operands, same layouts, same results' registers, for GPUs without wgmma
 (A100, L4, RTX 30/40). The "mma16" pair runs sm90's forward16 and backward16 on them
-(`engine("mma")`), the "wgmma16" pair on wgmma (`engine("wgmma")`).
+(`engine("mma", ...)`), the "wgmma16" pair on wgmma (`engine("wgmma", ...)`).
 
 Why the kernels need no change: a wgmma m64nNk16 product gives warp w of the warpgroup rows
 16 w .. 16 w + 15 of the 64 x N result, in N / 8 tiles of 16 x 8 laid out in registers exactly
@@ -11,7 +11,7 @@ mma.sync per 8 columns on its own 16 rows, reading its fragments from the same s
 
     A, K-major (core matrices, wgmma16.core_offset16): a0..a3 = (row g, k 2t..2t+1),
         (g + 8, 2t..), (g, 2t + 8..), (g + 8, 2t + 8..): one 32-bit load each (a core matrix
-        row is 16 contiguous bytes; a warp's 32 words of a core matrix pair fill 32 banks)
+        row is 16 contiguous bytes; a warp's 32 words are one core matrix, 32 banks)
     B, K-major (n x K): b0, b1 = (column g, k 2t..2t+1), (g, 2t + 8..): 32-bit loads too
     B transposed (b_rows=W, the tile's rows are the contraction): ldmatrix.x4.trans, four
         8 x 8 core matrices (k rows 16 s.. and 16 s + 8.. of columns 8 nt.. and 8 nt + 8..)
@@ -24,7 +24,7 @@ fence is needed between cp.async's stores and these loads (ordinary shared-memor
     products16(n, KA, KB, fmt, b_rows=None)   wgmma16.products16's dict (mma_ss, mma_rs,
                                               ss_issue, rs_issue, rs_descriptor, regs)
     make_wait(pending, acc_regs)              (wait_s, wait_acc): pass-throughs
-    engine(name)                              "wgmma" or "mma": what forward16/backward16 use
+    engine(name, wgmma)                       "wgmma" or "mma": what forward16/backward16 use
 
 On the simulator both engines are the NumPy model of sm90.wgmma16 (exact products summed in
 float64, rounded to float32 once per product): the kernels' indexing is checked there, the
@@ -38,7 +38,6 @@ from numba import cuda, types, uint32
 
 from .support import SIMULATOR, device_function
 from .sm90 import wgmma16
-from .sm90.wgmma import fence_proxy_async
 
 STEP16 = wgmma16.STEP16
 WARP = 32
@@ -183,7 +182,7 @@ else:
             return warp, lane // U(4), lane % U(4), lane
 
         @cuda.jit(device=True)
-        def b_address(base, b_at, K):
+        def b_address(base, b_at):
             """The thread's byte address for B at element offset b_at (see _b_loads)."""
             warp, g, t, lane = thread_parts()
             if W is None:
@@ -199,11 +198,11 @@ else:
             warp, g, t, lane = thread_parts()
             a_addr = uint32(base + U(2) * (U(a_at) + U(2) * warp * U(KA // 8) * U(64)
                                            + U(8) * g + U(2) * t))
-            return ss(a_addr, b_address(base, b_at, KA))
+            return ss(a_addr, b_address(base, b_at))
 
         @cuda.jit(device=True)
         def rs_descriptor(sh, b_at):
-            return b_address(shared_address(sh), b_at, KB)
+            return b_address(shared_address(sh), b_at)
 
         @cuda.jit(device=True)
         def rs_issue(sh, sm, acc, a, b_addr, scratch):
@@ -211,7 +210,7 @@ else:
 
         @cuda.jit(device=True)
         def mma_rs(sh, sm, acc, a, b_at, scratch):
-            rs(acc, a, b_address(shared_address(sh), b_at, KB))
+            rs(acc, a, b_address(shared_address(sh), b_at))
         return dict(mma_ss=mma_ss, mma_rs=mma_rs, ss_issue=mma_ss, rs_issue=rs_issue,
                     rs_descriptor=rs_descriptor, regs=n // 2)
 
@@ -228,16 +227,18 @@ else:
         return wait_s, wait_acc
 
 
-@functools.lru_cache(maxsize=None)
-def engine(name):
-    """The products the 16-bit kernels issue: "wgmma" (sm_90a: wgmma16, the async proxy fence,
-    dQ added two columns at a time by red.global.add.v2.f32, sm_90) or "mma" (sm_80+: mma.sync
-    as above, no fence, dQ by scalar atomics). A namespace: products16, make_wait, fence,
+def engine(name, wgmma):
+    """The products a 16-bit kernel issues, by engine name: "wgmma" (sm_90a: `wgmma`, the
+    caller's (products16, make_wait, fence) from wgmma16 and wgmma: the async proxy fence, dQ
+    added two columns at a time by red.global.add.v2.f32, sm_90's) or "mma" (sm_80+: this
+    module's mma.sync products, no fence, dQ by scalar atomics). The caller passes the wgmma
+    functions it imported, so that a mutant of wgmma16 (testing.mutants, which substitutes a
+    kernel module's names) reaches them. A namespace: products16, make_wait, fence,
     vector_dq."""
     if name == "wgmma":
-        return SimpleNamespace(name=name, products16=wgmma16.products16,
-                               make_wait=wgmma16.make_wait, fence=fence_proxy_async,
-                               vector_dq=True)
+        products16_, make_wait_, fence = wgmma
+        return SimpleNamespace(name=name, products16=products16_, make_wait=make_wait_,
+                               fence=fence, vector_dq=True)
     if name == "mma":
         return SimpleNamespace(name=name, products16=products16, make_wait=make_wait,
                                fence=no_fence, vector_dq=False)

@@ -118,6 +118,11 @@ U = np.uint32
 # but only the first 48 KiB without an opt-in, and only when it is declared dynamic
 # (cuda.shared.array(0, T), sized at launch).
 DYNAMIC_SHARED_MEMORY_BYTES = 227 * 1024
+# opt-in shared memory per block (bytes) by compute capability, for GPUs other than this
+# process's (registry.shared_per_block asks the driver for the current one); an sm_80+ GPU
+# not listed is taken to have the least (sm_86, sm_89, sm_120: 99 KiB)
+SHARED_PER_BLOCK = {"sm_80": 166912, "sm_87": 166912, "sm_90": 232448, "sm_100": 232448}
+SHARED_PER_BLOCK_LEAST = 101376
 
 
 

@@ -37,19 +37,20 @@ import functools
 import numpy as np
 from numba import cuda, float32, uint16, uint32
 
-from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, ceil_div, head_grid,
-                       head_index, inlined_device_function, kernel_jit, make_recompute_p,
-                       simulator_launch, simulator_switch_interval)
-from ..backward_fa2 import (check_tiles as fa2_check, default_blocks as fa2_blocks,
-                            default_blocks_atomic as fa2_blocks_atomic, run_backward as run_fa2)
+from ..backward_fa2 import (check_tiles as fa2_check, run_backward as run_fa2,
+                            shared_bytes as fa2_shared_bytes)
 from ..mma16 import engine
+from ..support import (ALIGN, NEG_INF, SHARED_PER_BLOCK_LEAST, SIMULATOR, U, DynamicSharedKernel,
+                       ceil_div, head_grid, head_index, inlined_device_function, kernel_jit,
+                       make_recompute_p, simulator_launch, simulator_switch_interval)
 from ..vector_io import AlignedDispatch, add2, copies_commit, make_copies_wait
 from .backward import check_tiles, run_backward as run_tf32, tiles
 from .operands import BLOCK, REGS
 from .softmax import LOG2E
 from .stage16 import make_stage_pair
-from .wgmma import SCRATCH, WARPGROUP
-from .wgmma16 import core_offset16, core_offset16_host, make_pack_half2, make_unpack_half
+from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
+from .wgmma16 import (core_offset16, core_offset16_host, make_pack_half2, make_unpack_half,
+                      make_wait, products16)
 
 P_WORDS = REGS // 2         # a 64 x 64 accumulator rounded, two entries to a word
 HALF_D = 64                 # dQ's head-dim columns per product
@@ -115,20 +116,20 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     NBYTES = shared_bytes(D) + (4 * WARPGROUPS * SCRATCH if SIMULATOR else 0)
     assert shared_bytes(D) == 2 * ELEMENTS + 4 * 2 * BLOCK
     ACC = D // 2                                              # dK's and dV's entries
-    eng = engine(products)
-    products16, make_wait, fence = eng.products16, eng.make_wait, eng.fence
+    eng = engine(products, (products16, make_wait, fence_proxy_async))
+    fence = eng.fence
     vector_dq = asynchronous and eng.vector_dq      # red.global.add.v2.f32 is sm_90's
-    score = products16(BLOCK, D, BLOCK, fmt)["ss_issue"]     # 64 keys x 64 queries, K = D
+    score = eng.products16(BLOCK, D, BLOCK, fmt)["ss_issue"]     # 64 keys x 64 queries, K = D
     # 64 keys x D, K = 64 queries, B = dO or Q read transposed from its tile
-    grad = products16(D, D, BLOCK, fmt, b_rows=D)
+    grad = eng.products16(D, D, BLOCK, fmt, b_rows=D)
     grad_issue, grad_descriptor = grad["rs_issue"], grad["rs_descriptor"]
     # 64 queries x 64 head-dim columns, K = 64 keys, B = K read transposed from its tile
-    dq_half = products16(HALF_D, BLOCK, BLOCK, fmt, b_rows=D)["ss_issue"]
+    dq_half = eng.products16(HALF_D, BLOCK, BLOCK, fmt, b_rows=D)["ss_issue"]
     # the products are issued in pairs and waited for in turn (wgmma.wait_group 1, then 0):
     # S^T and dP^T; dV and dK (dS stored meanwhile); dQ's two halves (the first added while
     # the second runs)
-    wait_s_first, wait_acc_first = make_wait(1, D // 2)
-    wait_s_last, wait_acc_last = make_wait(0, D // 2)
+    wait_s_first, wait_acc_first = eng.make_wait(1, D // 2)
+    wait_s_last, wait_acc_last = eng.make_wait(0, D // 2)
     KT_HALF = int(core_offset16_host(0, HALF_D, D))        # column HALF_D of the K tile
     stage_kv = make_stage_pair(BLOCK_N, D, asynchronous, THREADS)  # K, then V: tokens x d
     stage_q_block = make_stage_pair(BLOCK, D, asynchronous, THREADS)      # Q, then dO
@@ -394,10 +395,16 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
 
 def widened_tiles(d, products, deterministic):
     """(block_m, block_n) of the widened backward that run_widened runs: wgmma's tiles, or
-    for products="mma" fa2's (deterministic: its dQ kernel; else with dQ atomics)."""
+    for products="mma" fa2's (deterministic: its dQ kernel; else with dQ atomics), the
+    largest square tiles whose shared memory fits every sm_80+ GPU (fa2's own defaults are
+    sized for the H200's 227 KiB: 64 x 64 at d = 128 takes 170 KB, more than an A100's 163)."""
     if products == "wgmma":
         return tiles(d)
-    return (fa2_blocks(d, np.float32) if deterministic else fa2_blocks_atomic(d, np.float32))
+    for block in (64, 32, 16):
+        if fa2_shared_bytes(block, block, d, 4, dq_atomic=not deterministic) \
+                <= SHARED_PER_BLOCK_LEAST:
+            return block, block
+    raise ValueError(f"no fa2 tile fits head dim {d}")
 
 
 def check_widened_tiles(block_m, block_n, d, products, deterministic):

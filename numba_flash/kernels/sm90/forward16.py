@@ -40,8 +40,8 @@ from .operands import BLOCK, REGS
 from .softmax import LOG2E, make_finish_rows, make_online_softmax
 from .stage16 import make_stage16, make_stage_pair
 from ..mma16 import engine
-from .wgmma import SCRATCH, WARPGROUP
-from .wgmma16 import make_pack_half2
+from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
+from .wgmma16 import make_pack_half2, make_wait, products16
 
 D_MAX = 128          # head dims up to this; zero-padded to 64 or 128
 P_WORDS = REGS // 2  # P's register A fragments: its 32 entries, two to a word
@@ -93,13 +93,13 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     SCRATCH_AT = NBYTES // 4                  # floats: the simulator's exchanges, per warpgroup
     NBYTES += 4 * WARPGROUPS * SCRATCH if SIMULATOR else 0
     O_REGS = D // 2                                           # O's accumulator entries
-    eng = engine(products)
-    products16, make_wait, fence = eng.products16, eng.make_wait, eng.fence
-    s_issue = products16(BLOCK, D, BLOCK, fmt)["ss_issue"]   # S = Q K^T: 64 x 64, K = D
-    pv = products16(D, D, BLOCK, fmt, b_rows=D)                # O += P V, V as staged
+    eng = engine(products, (products16, make_wait, fence_proxy_async))
+    fence = eng.fence
+    s_issue = eng.products16(BLOCK, D, BLOCK, fmt)["ss_issue"]   # S = Q K^T: 64 x 64, K = D
+    pv = eng.products16(D, D, BLOCK, fmt, b_rows=D)                # O += P V, V as staged
     pv_product, pv_issue, pv_descriptor = pv["mma_rs"], pv["rs_issue"], pv["rs_descriptor"]
-    wait_s_but_pv, _ = make_wait(1, O_REGS)                   # S done, P V may still run
-    wait_s_alone, wait_o = make_wait(0, O_REGS)
+    wait_s_but_pv, _ = eng.make_wait(1, O_REGS)                   # S done, P V may still run
+    wait_s_alone, wait_o = eng.make_wait(0, O_REGS)
     stage_q = make_stage16(BLOCK_M, D, asynchronous, THREADS)   # both warpgroups' rows
     stage_kv = make_stage_pair(BLOCK, D, asynchronous, THREADS)   # K, then V
     pack = make_pack_half2(fmt)
