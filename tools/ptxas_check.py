@@ -5,6 +5,10 @@ injected", where it had to run a kernel's products one at a time), then a table:
     pip install "nvidia-cuda-nvrtc>=13,<14"      # numba-cuda's NVRTC; NVVM and ptxas come
     CUDA_HOME=/usr/local/cuda python tools/ptxas_check.py [WORD ...]   # from a CUDA toolkit
 
+--sass: also count each kernel's SASS instructions (FMUL, FFMA, FADD, FMNMX, MUFU, HGMMA,
+HMMA, LDS, BAR, SHFL, total; static counts) with cuobjdump, e.g. to see what a change to the
+softmax costs in instructions before a GPU times it.
+
 WORD ...: keep only the kernels whose label contains every WORD (e.g. `sm90 wide backward`,
 `fa2`, `causal=True`). The kernels are those the registered pairs launch, taken from the
 launchers the pairs call (so a variant this file does not name is not compiled):
@@ -48,6 +52,9 @@ import tempfile
 import time
 
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
+# this checkout's numba_flash, not the one an editable install points at (run from another
+# worktree, `python tools/ptxas_check.py` would otherwise compile that one's kernels)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import numba.cuda.dispatcher as dispatcher  # noqa: E402
 import numpy as np  # noqa: E402
@@ -166,10 +173,26 @@ def kernels():
             yield label, kernel, DQ_ARGS
 
 
-def ptxas(label, kernel, args, home, arch="sm_90a"):
+SASS_OPS = ("FMUL", "FFMA", "FADD", "FMNMX", "MUFU", "HGMMA", "HMMA", "LDS", "BAR", "SHFL")
+
+
+def sass_counts(cubin):
+    """{op: count} of the SASS instructions of a cubin (static counts: every copy of a loop
+    body once), by cuobjdump -sass (it needs nvdisasm beside it or at $NVDISASM_PATH; without
+    a toolkit that has them: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, whose
+    nvidia/cu13/bin goes on PATH)."""
+    text = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True,
+                          check=True).stdout
+    ops = {}
+    for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text):
+        ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    return ops
+
+
+def ptxas(label, kernel, args, home, arch="sm_90a", sass=False):
     """ptxas -v's figures for one kernel compiled for `arch` ("sm_90a", or "sm_80" for the
-    mma16 kernels): dict(registers, stack, spill_stores, spill_loads, seconds), or
-    dict(error=...)."""
+    mma16 kernels): dict(registers, stack, spill_stores, spill_loads, seconds, and with sass
+    the SASS op counts), or dict(error=...)."""
     options = getattr(kernel, "targetoptions", {})
     t0 = time.perf_counter()
     cc = (9, 0) if arch == "sm_90a" else (int(arch[3]), int(arch[4]))
@@ -182,14 +205,18 @@ def ptxas(label, kernel, args, home, arch="sm_90a"):
     with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False,
                                      prefix="ptxas_check_") as f:
         f.write(ptx)
+    cubin = f.name[:-4] + ".cubin"
     command = [os.path.join(home, "bin", "ptxas"), f"-arch={arch}", "-v", f.name, "-o",
-               os.devnull]
+               cubin if sass else os.devnull]
     if options.get("max_registers"):
         command[1:1] = ["-maxrregcount", str(options["max_registers"])]
     try:
         r = subprocess.run(command, capture_output=True, text=True)
+        ops = sass_counts(cubin) if sass and r.returncode == 0 else {}
     finally:
         os.unlink(f.name)
+        if os.path.exists(cubin):
+            os.unlink(cubin)
     seconds = time.perf_counter() - t0
     if r.returncode != 0:
         return dict(error=r.stderr.strip(), seconds=seconds)
@@ -209,23 +236,30 @@ def ptxas(label, kernel, args, home, arch="sm_90a"):
                 info="; ".join(line.split("info    : ")[-1].strip()[:160]
                                for line in text.splitlines()
                                if "Used" in line or "spill" in line or "(C75" in line),
-                seconds=seconds)
+                seconds=seconds, sass=ops)
 
 
 def table(rows):
     width = max([len(label) for label, _ in rows] + [6])
+    sass = any(r.get("sass") for _, r in rows)
     lines = [f"{'kernel':<{width}}  {'regs':>4}  {'stack':>5}  {'spill st':>8}  {'spill ld':>8}"
-             f"  wgmma"]
+             f"  wgmma" + ("  SASS " + " ".join(SASS_OPS) + " total" if sass else "")]
     for label, r in rows:
         if "error" in r:
             lines.append(f"{label:<{width}}  ptxas failed: {r['error'].splitlines()[0][:80]}")
         else:
+            ops = r.get("sass") or {}
+            counts = (" ".join(f"{ops.get(op, 0)}" for op in SASS_OPS)
+                      + f" {sum(ops.values())}") if sass else ""
             lines.append(f"{label:<{width}}  {r['registers']:>4}  {r['stack']:>5}  "
-                         f"{r['spill_stores']:>8}  {r['spill_loads']:>8}  {r['wgmma']}")
+                         f"{r['spill_stores']:>8}  {r['spill_loads']:>8}  {r['wgmma']}"
+                         + (f"  {counts}" if counts else ""))
     return "\n".join(lines)
 
 
 def main(words):
+    sass = "--sass" in words
+    words = [w for w in words if w != "--sass"]
     home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     if not os.path.exists(os.path.join(home, "bin", "ptxas")):
         sys.exit(f"ptxas_check: no ptxas at {home}/bin (set CUDA_HOME to a CUDA toolkit)")
@@ -233,7 +267,7 @@ def main(words):
     for label, kernel, args, *arch in kernels():
         if words and not all(w in label for w in words):
             continue
-        r = ptxas(label, kernel, args, home, *arch)
+        r = ptxas(label, kernel, args, home, *arch, sass=sass)
         rows.append((label, r))
         print(f"{label}: {r.get('info') or r.get('error')} ({r['seconds']:.0f} s)", flush=True)
     if not rows:
