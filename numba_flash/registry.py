@@ -31,7 +31,7 @@ from .kernels import backward, backward_fa2, forward_fa2, forward_rowwise, forwa
 from .kernels.sm90 import backward as backward_wgmma, backward16, forward as forward_wgmma
 from .kernels.sm90 import forward16
 from .kernels.support import (SHARED_PER_BLOCK, SHARED_PER_BLOCK_LEAST, SIMULATOR,
-                              SUPPORTED_DTYPES)
+                              SUPPORTED_DTYPES, dynamic_shared_limit)
 
 
 def current_device():
@@ -272,8 +272,7 @@ def shared_per_block(device):
     """Opt-in shared memory per block in bytes of `device` ("sm_XY"): the driver's figure
     for this process's GPU, else support.SHARED_PER_BLOCK's."""
     if not SIMULATOR and device == current_device():
-        from numba import cuda
-        return cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+        return dynamic_shared_limit()
     return SHARED_PER_BLOCK.get(device, SHARED_PER_BLOCK_LEAST)
 
 

@@ -252,3 +252,30 @@ def test_gpu_tensor_cores_agree_with_truth(d, block_n):
     assert all(c.ok for c in check_backward(*inputs, *got, causal=case.causal))
     for g, r in zip(got, ref):
         np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("limit", [101376, 166912])       # sm_86/89 (99 KiB), A100 (163 KiB)
+def test_fa2_default_tiles_fit_the_gpus_shared_memory(monkeypatch, limit):
+    # the tiles are sized against this GPU's opt-in shared memory per block (the driver's
+    # figure), not the H200's 227 KiB: there fa2's float32 forward at d > 32 and its backward
+    # at d > 64 need 170-178 KB, which an A100 or an sm_86 cannot give a block
+    from numba_flash.kernels import backward_fa2, support
+    monkeypatch.setattr(support, "_device_shared_limit", lambda: limit)
+    monkeypatch.setattr(support, "SIMULATOR", False)
+    assert support.dynamic_shared_limit() == limit
+    for dtype in (np.float32, np.float64):
+        item = np.dtype(dtype).itemsize
+        for d in (1, 32, 33, 64, 65, 128, 129, 256):
+            if item == 8 and d > 128 and limit < 138496:   # 16 x 16 needs 138496 B there
+                with pytest.raises(ValueError, match="no tile fits head dim"):
+                    backward_fa2.default_blocks(d, dtype)
+                continue
+            bm, bn = forward_fa2.default_blocks(d, dtype)
+            assert forward_fa2.shared_bytes(bm, bn, d, item) <= limit, (d, dtype, bm, bn)
+            bm, bn = backward_fa2.default_blocks(d, dtype)
+            assert backward_fa2.shared_bytes(bm, bn, d, item) <= limit, (d, dtype, bm, bn)
+            bm, bn = backward_fa2.default_blocks_atomic(d, dtype)
+            assert backward_fa2.shared_bytes(bm, bn, d, item, dq_atomic=True) <= limit
+    # what the H200's default would take is refused with the reason, not launched to fail
+    with pytest.raises(ValueError, match="shared memory"):
+        forward_fa2.make_forward_kernel(128, 64, 128, False, np.dtype(np.float32))

@@ -35,10 +35,9 @@ import numpy as np
 from numba import cuda
 
 from .backward import run_preprocess
-from .support import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel, ceil_div,
-                      check_block, check_head_dim, check_shared_memory, kernel_jit,
-                      head_grid, head_index, kv_head, make_recompute_p,
-                      numba_type)
+from .support import (NEG_INF, U, DynamicSharedKernel, ceil_div, check_block, check_head_dim,
+                      check_shared_memory, dynamic_shared_limit, kernel_jit, head_grid,
+                      head_index, kv_head, make_recompute_p, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
 from .fa2_mma import WARP, mma_products
@@ -94,7 +93,7 @@ def default_blocks(head_dim, dtype):
     else:
         choices = ((32, 32),) if head_dim <= 128 else ((16, 16),)
     for block_m, block_n in choices + ((16, 16),):
-        if shared_bytes(block_m, block_n, head_dim, item) <= DYNAMIC_SHARED_MEMORY_BYTES:
+        if shared_bytes(block_m, block_n, head_dim, item) <= dynamic_shared_limit():
             return block_m, block_n
     raise ValueError(f"no tile fits head dim {head_dim}")
 
@@ -109,7 +108,7 @@ def default_blocks_atomic(head_dim, dtype):
     item = np.dtype(dtype).itemsize
     for block_m, block_n in ((64, 128), default_blocks(head_dim, dtype), (32, 32), (16, 16)):
         if shared_bytes(block_m, block_n, head_dim, item, dq_atomic=True) <= \
-                DYNAMIC_SHARED_MEMORY_BYTES:
+                dynamic_shared_limit():
             return block_m, block_n
     raise ValueError(f"no tile fits head dim {head_dim}")
 
@@ -137,7 +136,7 @@ def _check(block_m, block_n, head_dim, dtype, threads, dq_atomic=False):
         f"fa2 backward{' (dQ by atomics)' if dq_atomic else ''} with block_m={block_m}, "
         f"block_n={block_n}, d={head_dim}", item * total,
         "choose smaller blocks",
-        DYNAMIC_SHARED_MEMORY_BYTES)
+        dynamic_shared_limit())
     return D_PAD, head_dim if head_dim == D_PAD else 0, (TY, TX)
 
 

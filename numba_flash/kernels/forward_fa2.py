@@ -33,9 +33,9 @@ import numpy as np
 
 from numba import cuda
 
-from .support import (DYNAMIC_SHARED_MEMORY_BYTES, NEG_INF, U, DynamicSharedKernel,
-                     ceil_div, check_block, check_shared_memory, check_head_dim, kernel_jit,
-                     head_index, kv_head, numba_type)
+from .support import (NEG_INF, U, DynamicSharedKernel, ceil_div, check_block,
+                      check_shared_memory, check_head_dim, dynamic_shared_limit, kernel_jit,
+                      head_index, kv_head, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,
                         warp_barrier)
 from .vector_io import VECTOR, AlignedDispatch, load4, require_aligned, store4
@@ -87,7 +87,7 @@ def default_blocks(head_dim, dtype):
     else:
         choices = ((64, 32),) if head_dim <= 128 else ((32, 32),)
     for block_m, block_n in choices + ((32, 32), (16, 16)):
-        if shared_bytes(block_m, block_n, head_dim, item) <= DYNAMIC_SHARED_MEMORY_BYTES:
+        if shared_bytes(block_m, block_n, head_dim, item) <= dynamic_shared_limit():
             return block_m, block_n
     raise ValueError(f"no tile fits head dim {head_dim}")
 
@@ -148,7 +148,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
     check_shared_memory(
         f"fa2 forward with block_m={block_m}, block_n={block_n}, d={head_dim}", item * total,
         "choose smaller blocks",
-        DYNAMIC_SHARED_MEMORY_BYTES)
+        dynamic_shared_limit())
     BLOCK_M, BLOCK_N, D = block_m, block_n, head_dim
     TM, TN = BLOCK_M // TY, BLOCK_N // TX
     TE = D_PAD // (CHUNK * TX)                       # runs of CHUNK O columns per thread

@@ -44,7 +44,7 @@ def check_head_dim(head_dim):
 
 def check_shared_memory(what, nbytes, hint, limit=SHARED_MEMORY_BYTES):
     """ValueError when a tile configuration needs more shared memory than a block can have:
-    `limit` is the 48 KiB of static shared memory, or DYNAMIC_SHARED_MEMORY_BYTES for kernels
+    `limit` is the 48 KiB of static shared memory, or dynamic_shared_limit() for kernels
     launched through DynamicSharedKernel."""
     if nbytes > limit:
         raise ValueError(
@@ -115,9 +115,27 @@ NEG_INF = -math.inf
 U = np.uint32
 
 # Dynamic shared memory. A block may use up to 227 KiB of shared memory on Hopper (H100/H200),
-# but only the first 48 KiB without an opt-in, and only when it is declared dynamic
-# (cuda.shared.array(0, T), sized at launch).
+# 163 KiB on an A100, 99 KiB on sm_86/89, but only the first 48 KiB without an opt-in, and only
+# when it is declared dynamic (cuda.shared.array(0, T), sized at launch).
 DYNAMIC_SHARED_MEMORY_BYTES = 227 * 1024
+
+
+def dynamic_shared_limit():
+    """Bytes of dynamic shared memory a block may opt in to on this process's GPU (the
+    driver's figure), what tile choices are sized against; Hopper's 227 KiB on the simulator
+    and when there is no GPU to ask (tools/ptxas_check.py compiles without one)."""
+    if SIMULATOR:
+        return DYNAMIC_SHARED_MEMORY_BYTES
+    return _device_shared_limit()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_shared_limit():
+    from numba.cuda.cudadrv.error import CudaSupportError
+    try:
+        return cuda.get_current_device().MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
+    except CudaSupportError:
+        return DYNAMIC_SHARED_MEMORY_BYTES
 # opt-in shared memory per block (bytes) by compute capability, for GPUs other than this
 # process's (registry.shared_per_block asks the driver for the current one); an sm_80+ GPU
 # not listed is taken to have the least (sm_86, sm_89, sm_120: 99 KiB)
