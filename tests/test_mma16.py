@@ -13,7 +13,7 @@ import pytest
 
 from numba_flash import registry
 from numba_flash.kernels import mma16
-from test_wgmma16 import FORMATS, SMALL, _check, product_kernel
+from test_wgmma16 import FORMATS, REAL, SMALL, _check, product_kernel
 
 
 @pytest.mark.gpu           # on the simulator mma16.products16 is wgmma16's model, tested there
@@ -88,13 +88,7 @@ def test_mma16_within_the_half_tolerance(fmt, case, deterministic):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
-@pytest.mark.parametrize("shape_q,shape_k,causal,logits", [
-    ((2, 4, 1000, 64), (2, 4, 1000, 64), False, 1.0),
-    ((2, 4, 1000, 64), (2, 2, 1500, 64), True, 1.0),
-    ((1, 4, 777, 128), (1, 4, 513, 128), True, 1.0),
-    ((1, 2, 1024, 96), (1, 2, 1024, 96), False, 30.0),
-    ((1, 2, 300, 100), (1, 2, 260, 100), True, 1.0),      # d % 8 != 0: synchronous staging
-])
+@pytest.mark.parametrize("shape_q,shape_k,causal,logits", REAL)
 def test_gpu_mma16_within_the_half_tolerance(fmt, shape_q, shape_k, causal, logits):
     _check(fmt, shape_q, shape_k, causal, scale_logits=logits, kernel="mma16")
     _check(fmt, shape_q, shape_k, causal, scale_logits=logits, deterministic=True,

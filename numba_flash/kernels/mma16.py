@@ -53,10 +53,8 @@ if SIMULATOR:
     products16 = wgmma16.products16
     make_wait = wgmma16.make_wait
 else:
-    from llvmlite import ir
-    from numba.cuda.extending import intrinsic
-
     from .sm90.wgmma import shared_address
+    from .sm90.wgmma16 import array_asm, tuple_asm
     from .support import U
 
     _PTX_TYPE = {"bfloat16": "bf16", "float16": "f16"}
@@ -111,26 +109,8 @@ else:
         tuple of n / 2 float32; a_addr, b_addr the thread's u32 shared addresses."""
         regs = n // 2
         # operands: $regs = A address, $regs + 1 = B address, then the tied zeros
-        text = _product_text(n, steps, K, fmt, W, regs, regs + 1)
-        constraints = ",".join(["=f"] * regs + ["r", "r"] + [str(i) for i in range(regs)]
-                               + ["~{memory}"])
-        result = types.UniTuple(types.float32, regs)
-
-        def codegen(context, builder, sig, llargs):
-            f32 = ir.FloatType()
-            fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
-                                 [ir.IntType(32)] * 2 + [f32] * regs)
-            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
-            res = builder.call(asm, list(llargs) + [ir.Constant(f32, 0.0)] * regs)
-            return context.make_tuple(builder, result, [builder.extract_value(res, i)
-                                                        for i in range(regs)])
-
-        @intrinsic
-        def mma(typingctx, a_addr, b_addr):
-            if a_addr != types.uint32 or b_addr != types.uint32:
-                return None
-            return result(a_addr, b_addr), codegen
-        return mma
+        return tuple_asm(_product_text(n, steps, K, fmt, W, regs, regs + 1), regs,
+                         types.uint32, clobber=True)
 
     def _rs_intrinsic(n, steps, K, fmt, W):
         """acc += A B^T, A from registers (a local uint32 array, 4 words a step), B by the
@@ -138,32 +118,7 @@ else:
         regs = n // 2
         n_a = 4 * steps
         text = _product_text(n, steps, K, fmt, W, range(regs, regs + n_a), regs + n_a)
-        constraints = ",".join(["=f"] * regs + ["r"] * n_a + ["r"]
-                               + [str(i) for i in range(regs)] + ["~{memory}"])
-
-        def codegen(context, builder, sig, llargs):
-            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-            fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
-                                 [i32] * n_a + [i32] + [f32] * regs)
-            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
-            acc_data = context.make_array(sig.args[0])(context, builder, llargs[0]).data
-            a_data = context.make_array(sig.args[1])(context, builder, llargs[1]).data
-            acc_ptrs = [builder.gep(acc_data, [ir.Constant(i64, i)]) for i in range(regs)]
-            words = [builder.load(builder.gep(a_data, [ir.Constant(i64, i)]))
-                     for i in range(n_a)]
-            res = builder.call(asm, words + [llargs[2]] + [builder.load(p) for p in acc_ptrs])
-            for i, p in enumerate(acc_ptrs):
-                builder.store(builder.extract_value(res, i), p)
-            return context.get_dummy_value()
-
-        @intrinsic
-        def mma(typingctx, acc, a, b_addr):
-            if not (isinstance(acc, types.Array) and acc.dtype == types.float32
-                    and isinstance(a, types.Array) and a.dtype == types.uint32
-                    and b_addr == types.uint32):
-                return None
-            return types.void(acc, a, b_addr), codegen
-        return mma
+        return array_asm(text, regs, n_a, types.uint32, clobber=True)
 
     @functools.lru_cache(maxsize=None)
     def products16(n, KA, KB, fmt, b_rows=None):

@@ -237,6 +237,73 @@ else:
             return types.float32(bits), codegen
         return unpack_half
 
+    _OPERAND = {types.uint32: (ir.IntType(32), "r"), types.uint64: (ir.IntType(64), "l")}
+
+    def tuple_asm(text, regs, operand, constants=(), clobber=False):
+        """intrinsic(x, y) -> UniTuple(float32, regs): the PTX block `text`, its outputs
+        $0 .. $(regs - 1) the accumulators, tied to inputs that start them at zero; x, y of
+        numba type `operand` (uint32 or uint64) at $regs, $regs + 1, then the i32 `constants`
+        ("r"). clobber: it reads memory the compiler must not move across it. A product of
+        wgmma16 or mma16 from a fresh accumulator."""
+        ll, c = _OPERAND[operand]
+        constraints = ",".join(["=f"] * regs + [c, c] + ["r"] * len(constants)
+                               + [str(i) for i in range(regs)]
+                               + (["~{memory}"] if clobber else []))
+        result = types.UniTuple(types.float32, regs)
+
+        def codegen(context, builder, sig, llargs):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
+                                 [ll] * 2 + [i32] * len(constants) + [f32] * regs)
+            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
+            res = builder.call(asm, list(llargs) + [ir.Constant(i32, k) for k in constants]
+                               + [ir.Constant(f32, 0.0)] * regs)
+            return context.make_tuple(builder, result, [builder.extract_value(res, i)
+                                                        for i in range(regs)])
+
+        @intrinsic
+        def product(typingctx, x, y):
+            if x != operand or y != operand:
+                return None
+            return result(x, y), codegen
+        return product
+
+    def array_asm(text, regs, n_a, operand, clobber=False):
+        """intrinsic(acc, a, b) -> None: the PTX block `text` with acc (a local float32 array
+        of regs entries) read and written back as its outputs $0 .. $(regs - 1), the words of
+        a (a local uint32 array of n_a: $regs ..) and b of numba type `operand` (uint32 or
+        uint64: $(regs + n_a)) as inputs; constant indices, so the arrays stay in registers
+        once inlined. A product of wgmma16 or mma16 with A from registers."""
+        ll, c = _OPERAND[operand]
+        constraints = ",".join(["=f"] * regs + ["r"] * n_a + [c]
+                               + [str(i) for i in range(regs)]
+                               + (["~{memory}"] if clobber else []))
+
+        def codegen(context, builder, sig, llargs):
+            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
+            fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
+                                 [i32] * n_a + [ll] + [f32] * regs)
+            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
+            acc_data = context.make_array(sig.args[0])(context, builder, llargs[0]).data
+            a_data = context.make_array(sig.args[1])(context, builder, llargs[1]).data
+            acc_ptrs = [builder.gep(acc_data, [ir.Constant(i64, i)]) for i in range(regs)]
+            words = [builder.load(builder.gep(a_data, [ir.Constant(i64, i)]))
+                     for i in range(n_a)]
+            res = builder.call(asm, words + [llargs[2]]
+                               + [builder.load(p) for p in acc_ptrs])
+            for i, p in enumerate(acc_ptrs):
+                builder.store(builder.extract_value(res, i), p)
+            return context.get_dummy_value()
+
+        @intrinsic
+        def product(typingctx, acc, a, b):
+            if not (isinstance(acc, types.Array) and acc.dtype == types.float32
+                    and isinstance(a, types.Array) and a.dtype == types.uint32
+                    and b == operand):
+                return None
+            return types.void(acc, a, b), codegen
+        return product
+
     def _ss_intrinsic(n, steps, fmt, b_step, b_trans, wait=True):
         """A B^T over `steps` k16 steps, both operands by descriptor (step 0's; step s adds
         16 s to A's, b_step s to B's), B transposed (MN-major) if b_trans, chained in a fresh
@@ -253,26 +320,8 @@ else:
                       f"{'p' if s == 0 else '1'}, 1, 1, 0, {int(b_trans)};"]
         lines += ["wgmma.commit_group.sync.aligned;"]
         lines += ["wgmma.wait_group.sync.aligned 0;", "}"] if wait else ["}"]
-        text = "\n".join(lines)
-        constraints = ",".join(["=f"] * regs + ["l", "l", "r"] + [str(i) for i in range(regs)])
-        result = types.UniTuple(types.float32, regs)
-
-        def codegen(context, builder, sig, llargs):
-            f32, i32 = ir.FloatType(), ir.IntType(32)
-            fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
-                                 [ir.IntType(64)] * 2 + [i32] + [f32] * regs)
-            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
-            res = builder.call(asm, list(llargs) + [ir.Constant(i32, 0)]
-                               + [ir.Constant(f32, 0.0)] * regs)
-            return context.make_tuple(builder, result, [builder.extract_value(res, i)
-                                                        for i in range(regs)])
-
-        @intrinsic
-        def mma(typingctx, a_desc, b_desc):
-            if a_desc != types.uint64 or b_desc != types.uint64:
-                return None
-            return result(a_desc, b_desc), codegen
-        return mma
+        # operands: the two descriptors, then the scale-d predicate's 0 (a fresh accumulator)
+        return tuple_asm("\n".join(lines), regs, types.uint64, constants=(0,))
 
     def _rs_intrinsic(n, steps, fmt, b_step, b_trans, wait=True):
         """acc += A B^T over `steps` k16 steps, A from registers (a local uint32 array, 4 words
@@ -291,35 +340,7 @@ else:
                       f"1, 1, 1, {int(b_trans)};"]
         lines += ["wgmma.commit_group.sync.aligned;"]
         lines += ["wgmma.wait_group.sync.aligned 0;", "}"] if wait else ["}"]
-        text = "\n".join(lines)
-        constraints = ",".join(["=f"] * regs + ["r"] * n_a + ["l"]
-                               + [str(i) for i in range(regs)])
-
-        def codegen(context, builder, sig, llargs):
-            f32, i32, i64 = ir.FloatType(), ir.IntType(32), ir.IntType(64)
-            fn = ir.FunctionType(ir.LiteralStructType([f32] * regs),
-                                 [i32] * n_a + [i64] + [f32] * regs)
-            asm = ir.InlineAsm(fn, text, constraints, side_effect=True)
-            acc_data = context.make_array(sig.args[0])(context, builder, llargs[0]).data
-            a_data = context.make_array(sig.args[1])(context, builder, llargs[1]).data
-            # constant indices: the arrays stay in registers once inlined
-            acc_ptrs = [builder.gep(acc_data, [ir.Constant(i64, i)]) for i in range(regs)]
-            words = [builder.load(builder.gep(a_data, [ir.Constant(i64, i)]))
-                     for i in range(n_a)]
-            res = builder.call(asm, words + [llargs[2]]
-                               + [builder.load(p) for p in acc_ptrs])
-            for i, p in enumerate(acc_ptrs):
-                builder.store(builder.extract_value(res, i), p)
-            return context.get_dummy_value()
-
-        @intrinsic
-        def mma(typingctx, acc, a, b_desc):
-            if not (isinstance(acc, types.Array) and acc.dtype == types.float32
-                    and isinstance(a, types.Array) and a.dtype == types.uint32
-                    and b_desc == types.uint64):
-                return None
-            return types.void(acc, a, b_desc), codegen
-        return mma
+        return array_asm("\n".join(lines), regs, n_a, types.uint64)
 
     def _products16(n, KA, KB, fmt, b_rows):
         """products16 on a GPU: the wgmma instructions."""
