@@ -93,13 +93,18 @@ MUTANTS = {m.name: m for m in (
            "stage = make_stage(False, per_warpgroup=True, chain_permuted=True)",
            "stage = make_stage(False, per_warpgroup=True, chain_permuted=False)", _B, "wgmma",
            size="simulator-wide"),
-    # the 16-bit pair (sm90.forward16): S scaled after its product, P packed two keys to a
-    # register, O rescaled in the tensor core's accumulator; and what a careless half kernel
+    # the 16-bit pair (sm90.forward16): S scaled in the exponent, the lazy reference max, P
+    # packed two keys to a register, O rescaled in the tensor core's accumulator; and what a careless half kernel
     # does, holding S or O in float16 (wgmma's .f16 accumulators: S past 65504 is inf, the
     # unnormalized O sums up to Nk values of |v|), edited into the simulator's model of the
     # products (wgmma16.py)
-    Mutant("S not scaled (wgmma16)", "forward", "sm90.forward16",
-           "s_acc[j] = s[j] * scale_log2", "s_acc[j] = s[j]", _R, "wgmma16"),
+    Mutant("S not scaled in the exponent (wgmma16)", "forward", "sm90.softmax",
+           "p = exp2_approx(s_acc[j] * c - m_safe[h])", "p = exp2_approx(s_acc[j] - m_safe[h])",
+           _R, "wgmma16", via="sm90.forward16"),
+    Mutant("reference max kept however far a row max passes it (wgmma16)", "forward",
+           "sm90.forward16", "tau = min(float32(LAZY_LOG2) / scale_log2, float32(FLT_MAX))",
+           "tau = float32(FLT_MAX)", _R, "wgmma16", size="simulator-blocks",
+           regimes=("huge",)),
     Mutant("P's keys swapped in pairs (wgmma16)", "forward", "sm90.forward16",
            "p_regs[w] = pack(s_acc[2 * w], s_acc[2 * w + 1])",
            "p_regs[w] = pack(s_acc[2 * w + 1], s_acc[2 * w])", _R, "wgmma16"),
@@ -115,9 +120,9 @@ MUTANTS = {m.name: m for m in (
            "acc[j] = float32(np.float16(np.float64(acc[j]) + exact[j]))", _R, "wgmma16",
            via="sm90.forward16", simulator_only=True, regimes=("large v",)),
     Mutant("P rounded to float16 before the max is subtracted (wgmma16)", "forward",
-           "sm90.softmax", "p = exp(s_acc[j] - m_safe[h])",
-           "p = float32(__import__('numpy').float16(exp(s_acc[j]))) "
-           "* exp(-m_safe[h])", _R, "wgmma16", via="sm90.forward16",
+           "sm90.softmax", "p = exp2_approx(s_acc[j] * c - m_safe[h])",
+           "p = float32(__import__('numpy').float16(exp2_approx(s_acc[j] * c))) "
+           "* exp2_approx(-m_safe[h])", _R, "wgmma16", via="sm90.forward16",
            simulator_only=True),
     # its pipeline (two stages of K/V, cp.async; on the simulator the copies land at once, so
     # staging the next block over this one replaces the tile before its products read it) and
@@ -141,6 +146,8 @@ MUTANTS = {m.name: m for m in (
     Mutant("D left out of dS (wgmma16)", "backward", "sm90.backward16",
            "dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])", "dpt[jj] = p * dp[jj]", _B,
            "wgmma16"),
+    Mutant("dS of both warpgroups in one place (wgmma16)", "backward", "sm90.backward16",
+           "key = wg * uBM + row", "key = row", _B, "wgmma16", size="simulator-blocks"),
     Mutant("dQ added without scale (wgmma16)", "backward", "sm90.backward16",
            "cuda.atomic.add(dq, (bh, i, c), part[4 * nt + e] * scale)",
            "cuda.atomic.add(dq, (bh, i, c), part[4 * nt + e])", _B, "wgmma16"),

@@ -17,9 +17,12 @@ pair's backward (registry.py), after its forward (sm90/forward16.py).
       dV += P^T dO      A = P^T rounded and packed (wgmma16.a_fragment16), B = dO read
                         transposed from its tile (wgmma16's b_rows: no transposed copies)
       dK += dS^T Q      A = dS^T likewise, B = Q likewise; dK times scale at the end
-      dQ += dS K        dS written to shared memory (queries as rows), B = K likewise; in two
-                        halves of 64 head-dim columns, times scale, added into dq (float32)
-                        with atomics
+      dQ += dS K        both warpgroups' dS written to one 64 x 128 tile in shared memory
+                        (queries as rows, the block's 128 keys as the contraction), B = K of
+                        both (one 128-row tile) read transposed; warpgroup w computes
+                        head-dim columns w D / 2 .. (w + 1) D / 2 - 1 over all 128 keys,
+                        times scale, added into dq (float32) with atomics: once per block of
+                        128 keys, half the atomics of a dQ per warpgroup
 K and V staged once, Q and dO in two stages (sm90.stage16): the next Q block arrives by
 cp.async while this one is computed on (synchronously where the arrays are not 16-byte
 aligned).
@@ -53,7 +56,7 @@ from .wgmma16 import (core_offset16, core_offset16_host, make_pack_half2, make_u
                       make_wait, products16)
 
 P_WORDS = REGS // 2         # a 64 x 64 accumulator rounded, two entries to a word
-HALF_D = 64                 # dQ's head-dim columns per product
+HALF_D = 64                 # dK's and dV's head-dim columns per written-out group
 STAGES = 2                  # Q/dO blocks in shared memory: one computed on, the next arriving
 WARPGROUPS = 2              # consumers of each Q/dO block, 64 keys each
 BLOCK_N = WARPGROUPS * BLOCK
@@ -86,9 +89,10 @@ def make_preprocess(fmt):
 
 def shared_bytes(D):
     """Bytes of shared memory the dK/dV kernel for D takes on a GPU: K and V of both
-    warpgroups, STAGES Q/dO blocks, each warpgroup's dS (16-bit), a Q block's lse and D."""
+    warpgroups, STAGES Q/dO blocks, the block's dS (64 queries x 128 keys, 16-bit), a Q
+    block's lse and D."""
     return 2 * (2 * WARPGROUPS * BLOCK * D + STAGES * 2 * BLOCK * D
-                + WARPGROUPS * BLOCK * BLOCK) + 4 * 2 * BLOCK
+                + BLOCK * BLOCK_N) + 4 * 2 * BLOCK
 
 
 @functools.lru_cache(maxsize=None)
@@ -104,12 +108,12 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
     # 16-bit element offsets: K, V of both warpgroups' keys once (warpgroup w's TILE w on);
-    # Q and dO of a Q block in two stages; each warpgroup's dS
+    # Q and dO of a Q block in two stages; dS of both warpgroups' keys
     TILE = BLOCK * D
     K_AT, V_AT = 0, WARPGROUPS * TILE
     QDO_AT = 2 * WARPGROUPS * TILE              # Q of stage b at QDO_AT + 2 TILE b, dO TILE on
     DS_AT = QDO_AT + STAGES * 2 * TILE
-    ELEMENTS = DS_AT + WARPGROUPS * BLOCK * BLOCK
+    ELEMENTS = DS_AT + BLOCK * BLOCK_N
     LSE_AT = ELEMENTS // 2                # floats: the Q block's lse and D (-inf, 0 past Nq)
     DSUM_AT = LSE_AT + BLOCK
     SCRATCH_AT = DSUM_AT + BLOCK          # the simulator's exchanges, per warpgroup
@@ -123,14 +127,15 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     # 64 keys x D, K = 64 queries, B = dO or Q read transposed from its tile
     grad = eng.products16(D, D, BLOCK, fmt, b_rows=D)
     grad_issue, grad_descriptor = grad["rs_issue"], grad["rs_descriptor"]
-    # 64 queries x 64 head-dim columns, K = 64 keys, B = K read transposed from its tile
-    dq_half = eng.products16(HALF_D, BLOCK, BLOCK, fmt, b_rows=D)["ss_issue"]
+    # 64 queries x D / 2 head-dim columns, K = the block's 128 keys, B = K of both
+    # warpgroups (one 128-row tile) read transposed
+    DQ_N = D // 2
+    dq_part = eng.products16(DQ_N, BLOCK_N, BLOCK_N, fmt, b_rows=D)["ss_issue"]
     # the products are issued in pairs and waited for in turn (wgmma.wait_group 1, then 0):
-    # S^T and dP^T; dV and dK (dS stored meanwhile); dQ's two halves (the first added while
-    # the second runs)
+    # S^T and dP^T; dV and dK (dS stored meanwhile)
     wait_s_first, wait_acc_first = eng.make_wait(1, D // 2)
     wait_s_last, wait_acc_last = eng.make_wait(0, D // 2)
-    KT_HALF = int(core_offset16_host(0, HALF_D, D))        # column HALF_D of the K tile
+    KT_PART = int(core_offset16_host(0, DQ_N, D))          # column D / 2 of the K tile
     stage_kv = make_stage_pair(BLOCK_N, D, asynchronous, THREADS)  # K, then V: tokens x d
     stage_q_block = make_stage_pair(BLOCK, D, asynchronous, THREADS)      # Q, then dO
     pack = make_pack_half2(fmt)
@@ -178,13 +183,14 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])
 
     @inlined_device_function
-    def store_ds(sh, ds_at, dpt, nt, row, col_t):
-        """Entries 4 nt.. of dS^T, rounded, into the dS tile at ds_at (queries as rows,
-        K-major over the keys), as dQ = dS K's A operand."""
+    def store_ds(sh, dpt, nt, key, col_t):
+        """Entries 4 nt.. of dS^T (block keys key, key + 8: the warpgroup's rows), rounded,
+        into the block's dS tile (queries as rows, K-major over the 128 keys), as dQ = dS K's
+        A operand."""
         for e in range(4):
             word = pack(dpt[4 * nt + e], dpt[4 * nt + e])
-            sh[ds_at + core_offset16(U(8 * nt + e % 2) + col_t, row + U(8 * (e // 2)),
-                                        U(BLOCK))] = uint16(word & U(0xFFFF))
+            sh[U(DS_AT) + core_offset16(U(8 * nt + e % 2) + col_t, key + U(8 * (e // 2)),
+                                        U(BLOCK_N))] = uint16(word & U(0xFFFF))
 
     @inlined_device_function
     def add_dq(dq, part, nt, bh, m0, c0, row, col_t, nq, d, scale):
@@ -208,14 +214,16 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
 
     @inlined_device_function
     def add_dq_all(dq, part, bh, m0, c0, row, col_t, nq, d, scale):
+        """add_dq of the D / 16 groups of a warpgroup's D / 2 columns, written out."""
         add_dq(dq, part, 0, bh, m0, c0, row, col_t, nq, d, scale)
         add_dq(dq, part, 1, bh, m0, c0, row, col_t, nq, d, scale)
         add_dq(dq, part, 2, bh, m0, c0, row, col_t, nq, d, scale)
         add_dq(dq, part, 3, bh, m0, c0, row, col_t, nq, d, scale)
-        add_dq(dq, part, 4, bh, m0, c0, row, col_t, nq, d, scale)
-        add_dq(dq, part, 5, bh, m0, c0, row, col_t, nq, d, scale)
-        add_dq(dq, part, 6, bh, m0, c0, row, col_t, nq, d, scale)
-        add_dq(dq, part, 7, bh, m0, c0, row, col_t, nq, d, scale)
+        if D > 64:
+            add_dq(dq, part, 4, bh, m0, c0, row, col_t, nq, d, scale)
+            add_dq(dq, part, 5, bh, m0, c0, row, col_t, nq, d, scale)
+            add_dq(dq, part, 6, bh, m0, c0, row, col_t, nq, d, scale)
+            add_dq(dq, part, 7, bh, m0, c0, row, col_t, nq, d, scale)
 
     @inlined_device_function
     def store_dkdv_half(dk, dv, dk_acc, dv_acc, g0, hk, j0, j1, col_t, nk, d, scale):
@@ -243,13 +251,13 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         block0 = U(cuda.blockIdx.x) * U(BLOCK_N)
         n0 = block0 + wg * uBM                        # this warpgroup's keys n0 .. n0 + 63
         k_at, v_at = U(K_AT) + wg * U(TILE), U(V_AT) + wg * U(TILE)
-        ds_at = U(DS_AT) + wg * U(BLOCK * BLOCK)
         scratch = U(SCRATCH_AT) + wg * U(SCRATCH)
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         scale_log2 = scale * float32(LOG2E)
         g4, t4 = lane // U(4), lane % U(4)
         row, col_t = warp * U(16) + g4, t4 * U(2)
         j0, j1 = n0 + row, n0 + row + U(8)            # this thread's keys (accumulator rows)
+        key = wg * uBM + row            # the same keys in the block's dS tile (and key + 8)
         st = cuda.local.array(REGS, float32)          # S^T, then P^T
         dpt = cuda.local.array(REGS, float32)         # dP^T, then dS^T
         words = cuda.local.array(P_WORDS, uint32)     # P^T rounded and packed
@@ -326,27 +334,21 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             grad_issue(sh, sm, dv_acc, words, do_desc, scratch)
             grad_issue(sh, sm, dk_acc, words_ds, q_desc, scratch)
             # dS (rows: the queries) into shared memory for dQ = dS K
-            store_ds(sh, ds_at, dpt, 0, row, col_t)
-            store_ds(sh, ds_at, dpt, 1, row, col_t)
-            store_ds(sh, ds_at, dpt, 2, row, col_t)
-            store_ds(sh, ds_at, dpt, 3, row, col_t)
-            store_ds(sh, ds_at, dpt, 4, row, col_t)
-            store_ds(sh, ds_at, dpt, 5, row, col_t)
-            store_ds(sh, ds_at, dpt, 6, row, col_t)
-            store_ds(sh, ds_at, dpt, 7, row, col_t)
+            store_ds(sh, dpt, 0, key, col_t)
+            store_ds(sh, dpt, 1, key, col_t)
+            store_ds(sh, dpt, 2, key, col_t)
+            store_ds(sh, dpt, 3, key, col_t)
+            store_ds(sh, dpt, 4, key, col_t)
+            store_ds(sh, dpt, 5, key, col_t)
+            store_ds(sh, dpt, 6, key, col_t)
+            store_ds(sh, dpt, 7, key, col_t)
             wait_acc_first(dv_acc)
             wait_acc_last(dk_acc)
             fence()
             cuda.syncthreads()
-            # written out, not a loop: LLVM does not unroll a loop holding a wgmma
-            if D > HALF_D:
-                dq0 = dq_half(sh, ds_at, k_at)
-                dq1 = dq_half(sh, ds_at, k_at + U(KT_HALF))
-                add_dq_all(dq, wait_s_first(dq0), bh, m0, U(0), row, col_t, nq, d, scale)
-                add_dq_all(dq, wait_s_last(dq1), bh, m0, U(HALF_D), row, col_t, nq, d, scale)
-            else:
-                add_dq_all(dq, wait_s_last(dq_half(sh, ds_at, k_at)), bh, m0, U(0), row,
-                           col_t, nq, d, scale)
+            # dQ of the block's 128 keys: this warpgroup's D / 2 head-dim columns
+            part = dq_part(sh, U(DS_AT), U(K_AT) + wg * U(KT_PART))
+            add_dq_all(dq, wait_s_last(part), bh, m0, wg * U(DQ_N), row, col_t, nq, d, scale)
             b ^= U(1)
         if asynchronous and total == U(0):
             copies_wait_all()               # K's and V's copies, never waited for

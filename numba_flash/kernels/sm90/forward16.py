@@ -11,19 +11,22 @@ instead).
 Per K/V block:
 
     S = Q K^T            wgmma m64n64k16, Q and K K-major (sm90.wgmma16's layout), D / 16 steps
-                         chained in the tensor core; then S *= scale log2(e) in float32 (scale Q
-                         is not a half value: S is formed from the inputs themselves, as in
-                         reference.half's flash model)
-    online softmax       sm90.softmax in units of log2 (base2): m, l, alpha, P = 2^(S - m) by
-                         ex2.approx (l sums the float32 P); masking only in the blocks that hold
-                         a key past nk or, causal, past the diagonal
+                         chained in the tensor core, left unscaled (scale Q is not a half value:
+                         S is formed from the inputs themselves, as in reference.half's flash
+                         model)
+    online softmax       sm90.softmax's lazy step in units of log2: with c = scale log2(e),
+                         m the running max of S, P = 2^(S c - m c) by one FFMA and ex2.approx
+                         (FA2's scale in the exponent; l sums the float32 P); m moves only when
+                         a row max passes it by 2^8 in P (FA4's lazy rescaling: O *= alpha
+                         skipped otherwise); masking only in the blocks that hold a key past nk
+                         or, causal, past the diagonal
     O = O alpha + P V    P rounded to the input format (FlashAttention's rounding) and packed
                          two to a register: S's accumulator entries 8 s..8 s + 7 are, in pairs,
                          the register A fragment of step s (wgmma16.a_fragment16), so no
                          exchange; V staged as K is, read transposed by wgmma (wgmma16's
                          b_rows); m64nDk16, 4 steps, accumulated into O in the tensor core.
 
-At the end O / l rounded to the input format (out) and lse = m ln 2 + log l in float32.
+At the end O / l rounded to the input format (out) and lse = m c ln 2 + log l in float32.
 """
 
 import functools
@@ -37,7 +40,7 @@ from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, head_i
                        inlined_device_function, kernel_jit, kv_head, simulator_launch)
 from ..vector_io import AlignedDispatch, copies_commit, make_copies_wait
 from .operands import BLOCK, REGS
-from .softmax import LOG2E, make_finish_rows, make_online_softmax
+from .softmax import FLT_MAX, LAZY_LOG2, LOG2E, make_finish_rows, make_online_softmax_lazy
 from .stage16 import make_stage16, make_stage_pair
 from ..mma16 import engine
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
@@ -103,7 +106,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     stage_q = make_stage16(BLOCK_M, D, asynchronous, THREADS)   # both warpgroups' rows
     stage_kv = make_stage_pair(BLOCK, D, asynchronous, THREADS)   # K, then V
     pack = make_pack_half2(fmt)
-    online_softmax = make_online_softmax(causal, base2=True)
+    online_softmax = make_online_softmax_lazy(causal)
     finish_rows = make_finish_rows(base2=True)
     uBM = U(BLOCK)
 
@@ -128,16 +131,17 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         cuda.syncthreads()
 
     @inlined_device_function
-    def softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, n0, row0, i0,
-                      i1, col_t, nq, nk):
-        """S of keys n0.. scaled into s_acc, then the online softmax's step: P in s_acc."""
+    def softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau, n0, row0,
+                      i0, i1, col_t, nq, nk):
+        """S of keys n0.. into s_acc, then the online softmax's step: P in s_acc; returns
+        whether the rows' reference max moved (O to be rescaled by alpha)."""
         for j in range(REGS):
-            s_acc[j] = s[j] * scale_log2
+            s_acc[j] = s[j]
         # every key visible to every row of the warpgroup: no masking (most blocks)
         n1 = n0 + U(BLOCK)
         masked = n1 > nk or (causal and n1 - U(1) + nq > row0 + nk)
-        online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t,
-                       nq, nk)
+        return online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1,
+                              col_t, nq, nk, scale_log2, tau)
 
     @kernel_jit(THREADS)
     def forward16(q, k, v, out, lse, scale_log2, heads, group):
@@ -162,13 +166,16 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         s_acc = cuda.local.array(REGS, float32)          # S, then P
         o_acc = cuda.local.array(O_REGS, float32)        # O, unnormalized
         p_regs = cuda.local.array(P_WORDS, uint32)       # P rounded, two to a word
-        m = cuda.local.array(2, float32)                 # in units of log2 (S is)
+        m = cuda.local.array(2, float32)                 # reference max of S (unscaled)
         l = cuda.local.array(2, float32)
-        m_safe = cuda.local.array(2, float32)
+        m_safe = cuda.local.array(2, float32)            # m scale log2 e, 0 while m = -inf
         alpha = cuda.local.array(2, float32)
         for h in range(2):
             m[h] = float32(NEG_INF)
             l[h] = float32(0.0)
+            m_safe[h] = float32(0.0)
+        # the lazy rescale's threshold in units of S (LAZY_LOG2 in log2 units); finite
+        tau = min(float32(LAZY_LOG2) / scale_log2, float32(FLT_MAX))
         for j in range(O_REGS):
             o_acc[j] = float32(0.0)
 
@@ -189,8 +196,8 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             stage_kv(sh, U(KV_AT), k, v, kv, U(0), nk, d)
             arrive(sh, k, v, kv, b, U(BLOCK), n_end, nk, d)
             s = wait_s_alone(s_issue(sh, q_at, U(KV_AT)))
-            softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, U(0), row0,
-                          i0, i1, col_t, nq, nk)
+            softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau, U(0),
+                          row0, i0, i1, col_t, nq, nk)
             pack_p(p_regs, s_acc)
         n0 = U(BLOCK)
         b_last = b
@@ -202,11 +209,12 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             s = s_issue(sh, q_at, U(KV_AT) + b * U(2 * TILE))
             pv_issue(sh, sm, o_acc, p_regs, v_desc, scratch)
             s = wait_s_but_pv(s)
-            softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, n0, row0,
-                          i0, i1, col_t, nq, nk)
+            rescaled = softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2,
+                                     tau, n0, row0, i0, i1, col_t, nq, nk)
             wait_o(o_acc)
-            for j in range(O_REGS):
-                o_acc[j] *= alpha[(j % 4) // 2]
+            if rescaled:        # the same in every thread of a warp (warp_any)
+                for j in range(O_REGS):
+                    o_acc[j] *= alpha[(j % 4) // 2]
             pack_p(p_regs, s_acc)
             n0 = n1
             b_last = b
@@ -215,6 +223,8 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             pv_product(sh, sm, o_acc, p_regs, U(KV_AT) + b_last * U(2 * TILE) + U(TILE),
                        scratch)
 
+        for h in range(2):
+            m[h] *= scale_log2              # lse in units of log2: m c
         inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
         for j in range(0, O_REGS, 2):           # entries j, j + 1: columns c, c + 1 of a row
             h = (j % 4) // 2

@@ -12,15 +12,48 @@ forward formed it (sm90.operands).
 import functools
 import math
 
+import numpy as np
 from numba import float32
 
 from ..support import NEG_INF, U, exp2_approx, inlined_device_function
 from .operands import REGS
-from .wgmma import quad_max, quad_sum
+from .wgmma import quad_max, quad_sum, warp_any
 
 
 LOG2E = math.log2(math.e)
 LN2 = math.log(2.0)
+FLT_MAX = float(np.finfo(np.float32).max)
+# Lazy rescaling (make_online_softmax_lazy): the reference max of a row moves only when a new
+# row max passes it by more than LAZY_LOG2 units of log2, so P <= 2^LAZY_LOG2 = 256 (exact in
+# bfloat16 and float16, far inside float32 and fp16's 65504 for P and for l, O's sums); past
+# |m scale log2 e| >= LAZY_OFF the rounding of fma(S, c, -m c) is ~2^-4 units and the max
+# moves every block as it would without laziness
+LAZY_LOG2 = 8.0
+LAZY_OFF = float(2 ** 20)
+
+
+def row_max_fn(causal):
+    """row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk): the masked row max of a tile over
+    the thread's 16 entries of each of its two rows (masked entries set to -inf in s_acc)."""
+    @inlined_device_function
+    def row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk):
+        mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
+        for nt in range(REGS // 4):
+            for e in range(4):
+                j = 4 * nt + e
+                x = s_acc[j]
+                if masked:
+                    key = n0 + U(8 * nt + e % 2) + col_t
+                    i = i1 if e // 2 else i0
+                    if key >= nk or (causal and key + nq > i + nk):
+                        x = float32(NEG_INF)
+                    s_acc[j] = x
+                if e // 2:
+                    mx1 = max(mx1, x)
+                else:
+                    mx0 = max(mx0, x)
+        return mx0, mx1
+    return row_max
 
 
 @functools.lru_cache(maxsize=None)
@@ -39,26 +72,7 @@ def make_online_softmax(causal, base2=False):
     base2 (sm90.forward16): S comes in units of log2 (scaled by log2 e), m is kept in them, and
     every exponential is exp2_approx; lse = m ln 2 + log l (make_finish_rows(base2=True))."""
     exp = exp2_approx if base2 else math.exp
-
-    @inlined_device_function
-    def row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk):
-        """The masked row max of this tile over the thread's 16 entries of each row."""
-        mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
-        for nt in range(REGS // 4):
-            for e in range(4):
-                j = 4 * nt + e
-                x = s_acc[j]
-                if masked:
-                    key = n0 + U(8 * nt + e % 2) + col_t
-                    i = i1 if e // 2 else i0
-                    if key >= nk or (causal and key + nq > i + nk):
-                        x = float32(NEG_INF)
-                    s_acc[j] = x
-                if e // 2:
-                    mx1 = max(mx1, x)
-                else:
-                    mx0 = max(mx0, x)
-        return mx0, mx1
+    row_max = row_max_fn(causal)
 
     @inlined_device_function
     def online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq,
@@ -79,6 +93,58 @@ def make_online_softmax(causal, base2=False):
             p = exp(s_acc[j] - m_safe[h])
             s_acc[j] = p
             l[h] += p
+    return online_softmax
+
+
+@functools.lru_cache(maxsize=None)
+def make_online_softmax_lazy(causal):
+    """online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq,
+    nk, c, tau) -> rescaled: make_online_softmax(base2=True)'s step (sm90.forward16) with two
+    changes from FlashAttention-2 and -4.
+    The scale in the exponent (FA2): s_acc holds S = Q K^T unscaled, m its running max
+    unscaled, and P = 2^(S c - m c) = ex2(fma(S, c, -m c)) with c = scale log2 e > 0 (the max
+    of S c is c times the max of S): one FFMA an entry where scaling S first costs an FMUL and
+    an FADD; lse = m c ln 2 + log l (the caller passes m c to finish_rows).
+    Lazy rescaling (FA4): m is a reference max that moves only when a row max of this block
+    passes it by more than tau = LAZY_LOG2 / c (the caller's, capped at FLT_MAX so that a tiny
+    c gives no inf), or once |m c| >= LAZY_OFF; a warp moves all its rows' references when any
+    row needs it (warp_any: no divergence). Otherwise P <= 2^LAZY_LOG2, alpha = 1, l and O
+    stay as they are: returns False and the caller skips O *= alpha (D / 2 FMUL a thread) and
+    the exponentials of alpha. m_safe holds m c (0 while a row has seen no key): the caller
+    sets it to 0 with m = -inf. lse is the same: l is the sum of 2^(S c - m c) for whichever m.
+    NaN in S stays NaN (max ignores it; P = ex2(NaN) = NaN); +inf moves m to +inf (P NaN)."""
+    row_max = row_max_fn(causal)
+
+    @inlined_device_function
+    def far(m, c):
+        """|m c| >= LAZY_OFF for a finite m (a row that has seen no key keeps m = -inf)."""
+        x = abs(m) * c
+        return x >= float32(LAZY_OFF) and x != float32(np.inf)
+
+    @inlined_device_function
+    def online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq,
+                       nk, c, tau):
+        mx0, mx1 = row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk)
+        mx0 = quad_max(sm, scratch, mx0)
+        mx1 = quad_max(sm, scratch, mx1)
+        # mx - m: inf where a row meets its first key (m = -inf), NaN (no move) while it
+        # has seen none
+        move = mx0 - m[0] > tau or mx1 - m[1] > tau or far(m[0], c) or far(m[1], c)
+        rescaled = warp_any(sm, scratch, move)
+        if rescaled:
+            for h in range(2):
+                m_new = max(m[h], mx1 if h else mx0)
+                # a row that has seen no key yet keeps m = -inf, P = 0, O = 0
+                m_safe[h] = m_new * c if m_new != float32(NEG_INF) else float32(0.0)
+                alpha[h] = exp2_approx(m[h] * c - m_safe[h])
+                m[h] = m_new
+                l[h] = l[h] * alpha[h]
+        for j in range(REGS):
+            h = (j % 4) // 2
+            p = exp2_approx(s_acc[j] * c - m_safe[h])
+            s_acc[j] = p
+            l[h] += p
+        return rescaled
     return online_softmax
 
 

@@ -113,8 +113,8 @@ QUAD = WARPGROUP                 # floats: one value a thread
 SCRATCH = 2 * GATHER + 2 * QUAD  # floats of shared memory a warpgroup's exchanges need there
 
 
-# Row reductions over a quad (lanes 4g..4g+3 hold the same two rows of a C fragment): warp
-# shuffles on a GPU; the simulator has none, so there the quad's values go through shared
+# Row reductions over a quad (lanes 4g..4g+3 hold the same two rows of a C fragment) and a
+# warp's vote (warp_any): warp shuffles and vote.any on a GPU; the simulator has none, so there the quad's values go through shared
 # memory (every thread of the block must call it). The order of the additions is the same both
 # ways: (x0 + x1) + (x2 + x3), in any thread.
 if SIMULATOR:
@@ -146,6 +146,16 @@ if SIMULATOR:
         """sum of x over the thread's quad, (x0 + x1) + (x2 + x3)."""
         x0, x1, x2, x3 = _quad_values(sm, at, x)
         return (x0 + x1) + (x2 + x3)
+
+    @cuda.jit(device=True)
+    def warp_any(sm, at, pred):
+        """True where pred is true in any thread of this thread's warp."""
+        tid = cuda.threadIdx.x % WARPGROUP
+        base = at + 2 * GATHER + exchange_buffer("quad") * QUAD
+        sm[base + tid] = 1.0 if pred else 0.0
+        cuda.syncthreads()
+        w = base + tid - tid % 32
+        return max(sm[w:w + 32]) != 0.0
 else:
     @cuda.jit(device=True)
     def quad_max(sm, at, x):
@@ -158,6 +168,11 @@ else:
         """sum of x over the thread's quad, (x0 + x1) + (x2 + x3)."""
         x = x + cuda.shfl_xor_sync(0xFFFFFFFF, x, 1)
         return x + cuda.shfl_xor_sync(0xFFFFFFFF, x, 2)
+
+    @cuda.jit(device=True)
+    def warp_any(sm, at, pred):
+        """True where pred is true in any thread of this thread's warp (vote.any)."""
+        return cuda.any_sync(0xFFFFFFFF, pred)
 
 
 if SIMULATOR:
