@@ -26,7 +26,8 @@ import numpy as np
 from numba import cuda
 
 from .support import (NEG_INF, U, cached_jit, ceil_div, check_block, check_head_dim,
-                      check_shared_memory, head_grid, head_index, kv_head, numba_type)
+                      check_shared_memory, head_grid, head_index, inlined_device_function,
+                      kv_head, numba_type)
 
 THREADS_X = 16
 THREADS_Y = 8
@@ -66,12 +67,20 @@ def preprocess_rows(head_dim, dtype):
     return max(1, min(32, 16384 // ((head_dim + 1) * np.dtype(dtype).itemsize)))
 
 
+@inlined_device_function
+def as_stored(x):
+    """An element as it is stored (make_preprocess_kernel's default load)."""
+    return x
+
+
 @functools.lru_cache(maxsize=None)
-def make_preprocess_kernel(head_dim, dtype, clear=False):
+def make_preprocess_kernel(head_dim, dtype, clear=False, load=as_stored):
     """D = rowsum(dO * O) on (BH, Nq, d) arrays; launch grid (ceil(Nq / rows), BH) with rows =
     preprocess_rows(head_dim, dtype), PREPROCESS_THREADS threads, arguments (dout, out, D, dq);
     `run_preprocess` launches it. clear=True also zeroes dq (a dQ that the dK/dV kernel then
-    accumulates with atomics); otherwise dq is not touched.
+    accumulates with atomics); otherwise dq is not touched. load: a device function from a
+    stored element of dout and out to `dtype` (the 16-bit backward's unpacks bfloat16 /
+    float16 patterns into float32: sm90.backward16.make_load); D and dq are `dtype`.
 
     A block's rows are one contiguous run of rows * d elements of each array: its threads read
     it in step (thread t takes elements t, t + 128, ...: coalesced) and put the products
@@ -100,7 +109,7 @@ def make_preprocess_kernel(head_dim, dtype, clear=False):
         while e < rows * uD:                        # the rows' elements, in memory order
             r = e // uD
             c = e - r * uD
-            products[r, c] = dout[bh, r0 + r, c] * out[bh, r0 + r, c]
+            products[r, c] = load(dout[bh, r0 + r, c]) * load(out[bh, r0 + r, c])
             if CLEAR:
                 dq[bh, r0 + r, c] = T(0.0)
             e += uT
@@ -114,12 +123,14 @@ def make_preprocess_kernel(head_dim, dtype, clear=False):
     return preprocess, PREPROCESS_THREADS
 
 
-def run_preprocess(dout, out, D, dq, clear=False, stream=0):
+def run_preprocess(dout, out, D, dq, clear=False, stream=0, load=as_stored):
     """D = rowsum(dO * O) into D (BH, Nq) from dout, out (BH, Nq, d) device arrays; clear:
-    dq (BH, Nq, d) zeroed too (else not touched). Launched on `stream` (0: the default)."""
+    dq (BH, Nq, d) zeroed too (else not touched). Launched on `stream` (0: the default).
+    load: as make_preprocess_kernel's (then D's dtype is the kernel's)."""
     bh, nq, d = out.shape
-    pre, threads = make_preprocess_kernel(d, out.dtype, clear)
-    pre[(ceil_div(nq, preprocess_rows(d, out.dtype)), *head_grid(bh)), threads, stream](
+    dtype = out.dtype if load is as_stored else D.dtype
+    pre, threads = make_preprocess_kernel(d, dtype, clear, load)
+    pre[(ceil_div(nq, preprocess_rows(d, dtype)), *head_grid(bh)), threads, stream](
         dout, out, D, dq)
 
 

@@ -3,7 +3,9 @@ read as stored, the five products on the tensor core in that format (sums in flo
 dS rounded to the format before they multiply (FlashAttention's rounding); the "wgmma16"
 pair's backward (registry.py), after its forward (sm90/forward16.py).
 
-    preprocess          D = rowsum(dO * O) in float32, one thread per row; dq zeroed.
+    preprocess          D = rowsum(dO * O) in float32 and dq zeroed: every backward's
+                        (kernels.backward.run_preprocess: a block's rows read coalesced),
+                        with the 16-bit patterns unpacked (make_load)
     dK/dV kernel        two warpgroups per block of 128 keys, 64 keys each, over the query
                         heads that share its key head and their Q blocks (rows i), which
                         both read (half the Q/dO traffic of 64-key blocks):
@@ -47,6 +49,7 @@ from ..support import (ALIGN, NEG_INF, SHARED_PER_BLOCK_LEAST, SIMULATOR, U, Dyn
                        ceil_div, head_grid, head_index, inlined_device_function, kernel_jit,
                        make_recompute_p, simulator_launch, simulator_switch_interval)
 from ..vector_io import AlignedDispatch, add2, copies_commit, make_copies_wait
+from ..backward import run_preprocess
 from .backward import check_tiles, run_backward as run_tf32, tiles
 from .operands import BLOCK, REGS
 from .softmax import LOG2E
@@ -66,25 +69,15 @@ copies_wait_all = make_copies_wait(0)
 
 
 @functools.lru_cache(maxsize=None)
-def make_preprocess(fmt):
-    """(kernel, threads): grid (ceil(Nq / 128), B*H); arguments (dout, out, D, dq): D[bh, i] =
-    sum_c dO[bh, i, c] O[bh, i, c] in float32 from 16-bit patterns, dq[bh, i, :] = 0."""
+def make_load(fmt):
+    """load(x) -> float32: the value of a stored 16-bit pattern of `fmt` (uint16), the
+    preprocess's load (backward.run_preprocess: D = rowsum(dO * O) in float32, coalesced)."""
     unpack = make_unpack_half(fmt)
 
-    @kernel_jit(WARPGROUP)
-    def preprocess16(dout, out, D, dq):
-        bh = head_index()
-        if bh >= out.shape[0]:
-            return
-        i = U(cuda.blockIdx.x) * U(WARPGROUP) + U(cuda.threadIdx.x)
-        if i >= U(out.shape[1]):
-            return
-        acc = float32(0.0)
-        for c in range(out.shape[2]):
-            acc += unpack(U(dout[bh, i, c])) * unpack(U(out[bh, i, c]))
-            dq[bh, i, c] = float32(0.0)
-        D[bh, i] = acc
-    return simulator_launch(preprocess16), WARPGROUP
+    @inlined_device_function
+    def load(x):
+        return unpack(U(x))
+    return load
 
 
 def shared_bytes(D):
@@ -387,9 +380,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
     Dsum = arrays.empty_device((bh, nq), np.float32)
-    pre, threads = make_preprocess(fmt)
     with simulator_switch_interval():
-        pre[(ceil_div(nq, threads), *head_grid(bh)), threads, stream](dout, out, Dsum, dq)
+        run_preprocess(dout, out, Dsum, dq, clear=True, stream=stream, load=make_load(fmt))
         kernel = dkdv_launcher(64 if d <= 64 else 128, bool(causal), fmt, products)
         kernel[(ceil_div(nk, BLOCK_N), *head_grid(bhk)), THREADS, stream](
             q, k, v, dout, lse, Dsum, dk, dv, dq, np.float32(scale), heads, group)
