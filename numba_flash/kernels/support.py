@@ -144,12 +144,6 @@ SHARED_PER_BLOCK_LEAST = 101376
 
 
 
-if SIMULATOR:
-    _LAUNCH_REFUSED = ()            # nothing to catch: the simulator takes any shared memory
-else:
-    from numba.cuda.cudadrv.driver import CudaAPIError as _LAUNCH_REFUSED
-
-
 class DynamicSharedKernel:
     """A kernel launched as kernel[grid, block](*args) or kernel[grid, block, stream](*args)
     with `nbytes` of dynamic shared memory.
@@ -183,13 +177,15 @@ class DynamicSharedKernel:
                 return
             # Opting in types every argument and looks the specialization up (12 ms in 40
             # launches under cProfile on the H200, 2026-12-04: host time that a synchronized
-            # call pays in full), so it is
-            # done when a launch is refused: the first launch of a new specialization or on
-            # another device fails at cuLaunchKernel (CUDA_ERROR_INVALID_VALUE, not sticky),
-            # then runs again opted in; a second refusal is raised
+            # call pays in full), so it is done when a launch fails: the first launch of a
+            # new specialization or on another device is refused at cuLaunchKernel
+            # (CUDA_ERROR_INVALID_VALUE, not sticky; raised as numba's CudaAPIError or, with
+            # numba-cuda 0.30's cuda.core launcher, as cuda.core's CUDAError: any exception
+            # is taken), then runs again opted in. Where the specialization was opted in
+            # already, the failure was something else and is raised as it was
             try:
                 run(*args)
-            except _LAUNCH_REFUSED:
+            except Exception:
                 if not self._opt_in(args):
                     raise
                 run(*args)
