@@ -165,12 +165,13 @@ def _widened(d_x, p, like, stream):
     return wide
 
 
-def _kernel_input(d_x, p, pair, like, stream):
-    """d_x as `pair`'s kernels take it: for half inputs, its 16-bit patterns (a uint16 view)
-    for a pair with half_storage, else widened to float32 (_widened); d_x itself otherwise."""
+def _kernel_input(x, shape, ptr, p, pair, like, stream):
+    """Input x as `pair`'s kernels take it, a device array of `shape` for kernels on the stream
+    of pointer ptr (arrays.to_device): for half inputs, its 16-bit patterns (a uint16 view)
+    for a pair with half_storage, else widened to float32 (_widened); as it is otherwise."""
     if p.half and pair.half_storage:
-        return d_x.view(np.uint16)
-    return _widened(d_x, p, like, stream)
+        return arrays.to_device(x, shape, ptr, as_dtype=np.uint16)
+    return _widened(arrays.to_device(x, shape, ptr), p, like, stream)
 
 
 def _narrowed(d_x, p, like, stream):
@@ -233,15 +234,16 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     stored = bool(p.half and pair.half_storage)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     ptr, stream = arrays.launch_stream(q)
-    d_out = arrays.empty_device((bh, p.nq, p.d), p.dtype if stored else dt, like=q)
+    d_out = (arrays.empty_device((bh, p.nq, p.d), p.dtype, like=q, as_dtype=np.uint16)
+             if stored else arrays.empty_device((bh, p.nq, p.d), dt, like=q))
     d_lse = arrays.empty_device((bh, p.nq), dt, like=q)
     grid = (ceil_div(p.nq, bm), *head_grid(bh))
     with simulator_exclusive():
-        d_q, d_k, d_v = (_kernel_input(arrays.to_device(x, shape, ptr), p, pair, q, stream)
+        d_q, d_k, d_v = (_kernel_input(x, shape, ptr, p, pair, q, stream)
                          for x, shape in ((q, (bh, p.nq, p.d)), (k, (bhk, p.nk, p.d)),
                                           (v, (bhk, p.nk, p.d))))
-        launch[grid, threads, stream](d_q, d_k, d_v, d_out.view(np.uint16) if stored else d_out,
-                                      d_lse, dt.type(p.scale), p.heads, p.group)
+        launch[grid, threads, stream](d_q, d_k, d_v, d_out, d_lse, dt.type(p.scale), p.heads,
+                                      p.group)
         if not stored:
             d_out = _narrowed(d_out, p, q, stream)
     return (arrays.from_device(d_out, p.lead + (p.nq, p.d), q),
@@ -304,22 +306,26 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
                              f"got block_m={bm}, block_n={bn}")
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     qs, ks = (bh, p.nq, p.d), (bhk, p.nk, p.d)
-    d_dq = arrays.empty_device(qs, dt, like=q)
-    d_dk = arrays.empty_device(ks, dt, like=q)
-    d_dv = arrays.empty_device(ks, dt, like=q)
-    ptr, stream = arrays.launch_stream(q)
-    # a half_storage pair takes the half inputs as stored (16-bit patterns) and their format
+    # a half_storage pair takes the half inputs as stored (16-bit patterns) and their format,
+    # and writes dk, dv so; dq is float32 for every pair (added by atomics)
     stored = bool(p.half and pair.half_storage)
+    d_dq = arrays.empty_device(qs, dt, like=q)
+    d_dk, d_dv = ((arrays.empty_device(ks, p.dtype, like=q, as_dtype=np.uint16)
+                   for _ in range(2)) if stored else
+                  (arrays.empty_device(ks, dt, like=q) for _ in range(2)))
+    ptr, stream = arrays.launch_stream(q)
     extra = {"fmt": p.half} if stored else {"half": True} if p.half and pair.half_inputs else {}
     with arrays.allocating_like(q), simulator_exclusive():   # workspace from q's pool too
         d_dout, d_q, d_k, d_v, d_out = (
-            _kernel_input(arrays.to_device(x, shape, ptr), p, pair, q, stream)
+            _kernel_input(x, shape, ptr, p, pair, q, stream)
             for x, shape in ((dout, qs), (q, qs), (k, ks), (v, ks), (out, qs)))
         pair.run_backward(d_dout, d_q, d_k, d_v, arrays.to_device(lse, (bh, p.nq), ptr), d_out,
                           d_dq, d_dk, d_dv, scale=p.scale,
                           heads=p.heads, group=p.group, causal=causal, block_m=bm,
                           block_n=bn, deterministic=deterministic, stream=stream, **extra)
-        d_dq, d_dk, d_dv = (_narrowed(g, p, q, stream) for g in (d_dq, d_dk, d_dv))
+        d_dq = _narrowed(d_dq, p, q, stream)
+        if not stored:
+            d_dk, d_dv = (_narrowed(g, p, q, stream) for g in (d_dk, d_dv))
     return (arrays.from_device(d_dq, arrays.shape_of(q), q),
             arrays.from_device(d_dk, arrays.shape_of(k), q),
             arrays.from_device(d_dv, arrays.shape_of(v), q))

@@ -13,6 +13,7 @@ allocator, on that stream.
 """
 
 import contextlib
+import math
 import threading
 
 import ml_dtypes
@@ -116,22 +117,46 @@ def launch_stream(like):
     return ptr, cuda.external_stream(ptr)
 
 
-def to_device(x, shape3, stream_ptr=0):
+def to_device(x, shape3, stream_ptr=0, as_dtype=None):
     """x as a Numba device array of shape shape3 (a view where x lives on the GPU already),
     for kernels launched on the stream of pointer stream_ptr (launch_stream); a bfloat16 x as
-    its int16 patterns."""
+    its int16 patterns; as_dtype: viewed as that dtype (the same item size: uint16 for the
+    16-bit kernels' patterns)."""
     from numba import cuda
     kind = kind_of(x)
     if kind == "numpy":
         x = np.ascontiguousarray(x)
         if x.dtype == BFLOAT16:
             x = x.view(BFLOAT16_BITS)
-        return cuda.to_device(x.reshape(shape3))
-    if kind == "numba":
-        return x.reshape(shape3)
-    if kind == "torch" and x.dtype == _torch_bfloat16():
-        x = x.view(_torch_dtype(BFLOAT16_BITS))
-    return cuda.as_cuda_array(x, sync=_must_sync(x, stream_ptr)).reshape(shape3)
+        d_x = cuda.to_device(x.reshape(shape3))
+    elif kind == "numba":
+        d_x = x.reshape(shape3)
+    else:
+        if kind == "torch" and x.dtype == _torch_bfloat16():
+            x = x.view(_torch_dtype(BFLOAT16_BITS))
+        return _import(x, shape3, as_dtype, stream_ptr)
+    return d_x if as_dtype is None else d_x.view(as_dtype)
+
+
+def _import(x, shape, as_dtype, stream_ptr, sync=None):
+    """A Numba view of x, a C-contiguous device array with a __cuda_array_interface__ (torch,
+    CuPy), of `shape` (the same size) and as_dtype (None: x's; else of x's item size), made
+    in one import: the interface read once and given that shape and type (contiguous: no
+    strides). Importing as it is, then reshaping and viewing, makes a DeviceNDArray each:
+    arrays.to_device took 40.5 us a call on the H200's host where one import takes 14.8
+    (2026-12-04, .gpu/hostcost.py). sync: None for _must_sync's answer."""
+    from numba import cuda
+    desc = dict(x.__cuda_array_interface__)
+    item = np.dtype(desc["typestr"]).itemsize
+    dtype = np.dtype(desc["typestr"] if as_dtype is None else as_dtype)
+    if dtype.itemsize != item or math.prod(shape) != math.prod(desc["shape"]):
+        raise ValueError(f"cannot view {desc['shape']} {desc['typestr']} as {shape} {dtype}")
+    if desc.get("strides") is not None and not is_c_contiguous(x):
+        raise ValueError("a non-contiguous device array cannot be viewed with another shape")
+    desc.update(shape=tuple(shape), strides=None, typestr=dtype.str)
+    if sync is None:
+        sync = _must_sync_stream(desc.get("stream"), stream_ptr)
+    return cuda.from_cuda_array_interface(desc, owner=x, sync=sync)
 
 
 def _torch_bfloat16():
@@ -152,8 +177,12 @@ def _must_sync(x, stream_ptr=0):
     Numba is configured for per-thread default streams). That sync made the host wait for the
     GPU at every call, so a forward+backward could not queue the backward while the forward
     ran."""
+    return _must_sync_stream(x.__cuda_array_interface__.get("stream"), stream_ptr)
+
+
+def _must_sync_stream(stream, stream_ptr):
+    """_must_sync for the stream an interface names (its "stream" entry)."""
     from numba.cuda import config
-    stream = x.__cuda_array_interface__.get("stream")
     if stream is None or stream == stream_ptr:
         return False
     return not (stream == 1 and stream_ptr == 0 and not config.CUDA_PER_THREAD_DEFAULT_STREAM)
@@ -191,11 +220,12 @@ def allocating_like(x):
         stack.pop()
 
 
-def empty_device(shape, dtype, like=None):
-    """An uninitialized Numba device array of `dtype` (bfloat16: its int16 patterns); like (default: the innermost allocating_like's):
-    an input whose kind says who allocates it (torch and CuPy from their caching pools, as a
-    view, where Numba calls cuMemAlloc and later frees each time: 0.5-1.1 ms for three 128 MiB
-    outputs on an H200, 2026-12-02)."""
+def empty_device(shape, dtype, like=None, as_dtype=None):
+    """An uninitialized Numba device array of `dtype` (bfloat16: its int16 patterns; as_dtype:
+    viewed as that dtype of the same item size, e.g. uint16 patterns for the 16-bit kernels);
+    like (default: the innermost allocating_like's): an input whose kind says who allocates it
+    (torch and CuPy from their caching pools, as a view, where Numba calls cuMemAlloc and
+    later frees each time: 0.5-1.1 ms for three 128 MiB outputs on an H200, 2026-12-02)."""
     from numba import cuda
     if like is None and getattr(_allocating, "stack", None):
         like = _allocating.stack[-1]
@@ -216,8 +246,11 @@ def empty_device(shape, dtype, like=None):
         owner = None
     if owner is None:
         arr = cuda.device_array(shape, dtype=device_dtype(dtype))
+        if as_dtype is not None:
+            arr = arr.view(as_dtype)
     else:
-        arr = cuda.as_cuda_array(view, sync=False)      # new memory: nothing to wait for
+        # new memory: nothing to wait for
+        arr = _import(view, shape, as_dtype, 0, sync=False)
         arr.pool_owner = owner      # from_device returns it: the pool's own tensor or array
     for meter in AllocationMeter.active:
         meter.bytes += arr.nbytes
@@ -233,6 +266,8 @@ def from_device(d_arr, shape, like):
     if owner is not None and kind in ("torch", "cupy"):
         return owner.reshape(shape)
     d_arr = d_arr.reshape(shape)
+    if d_arr.dtype == np.uint16:    # 16-bit patterns (empty_device's as_dtype): like's type
+        d_arr = d_arr.view(device_dtype(dtype_of("like", like)))
     if kind == "numpy":
         host = d_arr.copy_to_host()
         # int16 patterns of a bfloat16 result (the inputs are bfloat16; lse is float32)

@@ -76,8 +76,8 @@ class Pair:
     half_storage: make_forward takes the half dtype and its kernel reads q, k, v as they are
         stored (16-bit patterns: uint16 views) and writes out in that format (no widened
         copies, no narrowing); run_backward gets dout, q, k, v, out so too, and fmt=
-        ("float16" or "bfloat16"; dq, dk, dv float32 as ever); can_run sees the half dtype
-        itself (other pairs see float32).
+        ("float16" or "bfloat16"), and writes dk, dv in that format (uint16 views; dq float32
+        as ever); can_run sees the half dtype itself (other pairs see float32).
     """
     name: str
     make_forward: Callable

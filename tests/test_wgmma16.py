@@ -229,7 +229,8 @@ def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
         args = [cuda.to_device(x) for x in (q, k, v)]
         fwd = forward16.make_kernel(D, True, "float16", asynchronous)
         fwd[(1, 2), forward16.THREADS](*args, out, lse, np.float32(0.2 * forward16.LOG2E), 2, 2)
-        grads = [cuda.to_device(np.zeros(x.shape, np.float32)) for x in (q, k, v)]
+        grads = [cuda.to_device(np.zeros(x.shape, np.float32 if x is q else np.uint16))
+                 for x in (q, k, v)]              # dq float32, dk and dv rounded patterns
         bwd = backward16.make_dkdv_kernel(D, True, "float16", asynchronous)
         bwd[(2, 1), backward16.THREADS](*args, cuda.to_device(dout), lse, cuda.to_device(Dsum),
                                         grads[1], grads[2], grads[0], np.float32(0.2), 2, 2)

@@ -80,7 +80,7 @@ A3, A2 = types.Array(float32, 3, "C"), types.Array(float32, 2, "C")
 H3 = types.Array(types.uint16, 3, "C")          # 16-bit patterns (the wgmma16 forward)
 FORWARD16_ARGS = (H3, H3, H3, H3, A2, float32, int64, int64)
 # (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group)
-DKDV16_ARGS = (H3, H3, H3, H3, A2, A2, A3, A3, A3, float32, int64, int64)
+DKDV16_ARGS = (H3, H3, H3, H3, A2, A2, H3, H3, A3, float32, int64, int64)   # dk, dv 16-bit
 # (q, k, v, out, lse, scale, heads, group)
 FORWARD_ARGS = (A3, A3, A3, A3, A2, float32, int64, int64)
 # (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group)

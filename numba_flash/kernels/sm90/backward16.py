@@ -28,8 +28,10 @@ pair's backward (registry.py), after its forward (sm90/forward16.py).
 K and V staged once, Q and dO in two stages (sm90.stage16): the next Q block arrives by
 cp.async while this one is computed on (synchronously where the arrays are not 16-byte
 aligned).
-dK and dV are summed in registers over every Q block and head of the group and stored once
-(float32; the API rounds them to the inputs' format).
+dK and dV are summed in registers over every Q block and head of the group and stored once,
+rounded to the inputs' format in the kernel (the rounding the API gave float32 results:
+nearest even; no float32 copies, no conversion kernels); dq stays float32 (added by atomics)
+and the API rounds it.
 
 deterministic=True (no atomics) runs wgmma's widened backward instead (run_widened, which is
 also the "wgmma16-tf32bwd" pair's backward: on the H200 the pair with this kernel was
@@ -93,7 +95,8 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     """The dK/dV kernel for head dims up to D (64 or 128): grid (ceil(Nk / 128), B*Hk), 256
     threads, arguments (q, k, v, dout, lse, Dsum, dk, dv, dq, scale, heads, group): q, k, v,
     dout (B*H or B*Hk, N, d) uint16 patterns of `fmt`, lse and Dsum (B*H, Nq) float32, dk, dv
-    (B*Hk, Nk, d) and dq (B*H, Nq, d) float32 (dq zeroed: added into); asynchronous: tiles
+    (B*Hk, Nk, d) uint16 patterns of `fmt` (written rounded) and dq (B*H, Nq, d) float32
+    (zeroed: added into); asynchronous: tiles
     staged with cp.async and, on wgmma, dq added in column pairs (q, k, v, dout, dq 16-byte
     aligned, d a multiple of 8), else element by element (stage16); products: the
     tensor-core engine, "wgmma" (sm_90a) or "mma" (mma.sync, sm_80+; kernels.mma16). Returns
@@ -149,13 +152,20 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
 
     @inlined_device_function
     def store_dkdv(dk, dv, dk_acc, dv_acc, nt, hk, j0, j1, col_t, nk, d, scale):
-        """dK (times scale) and dV entries 4 nt.. (keys j0, j1; columns 8 nt + col_t + 0, 1)."""
-        for e in range(4):
-            key = j1 if e // 2 else j0
-            c = U(8 * nt + e % 2) + col_t
+        """dK (times scale) and dV entries 4 nt.. (keys j0, j1; columns 8 nt + col_t + 0, 1),
+        rounded to the format, two columns to a word."""
+        for h in range(2):
+            key = j1 if h else j0
+            c = U(8 * nt) + col_t
+            e = 4 * nt + 2 * h
+            wk = pack(dk_acc[e] * scale, dk_acc[e + 1] * scale)
+            wv = pack(dv_acc[e], dv_acc[e + 1])
             if key < nk and c < d:
-                dk[hk, key, c] = dk_acc[4 * nt + e] * scale
-                dv[hk, key, c] = dv_acc[4 * nt + e]
+                dk[hk, key, c] = uint16(wk & U(0xFFFF))
+                dv[hk, key, c] = uint16(wv & U(0xFFFF))
+                if c + U(1) < d:
+                    dk[hk, key, c + U(1)] = uint16(wk >> U(16))
+                    dv[hk, key, c + U(1)] = uint16(wv >> U(16))
 
     # The per-entry work below goes 8 columns (4 entries) per call, each call written out with
     # a constant group nt: a loop over all 32 entries is not unrolled by LLVM (its body is too
@@ -365,8 +375,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
                  block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0,
                  products="wgmma"):
     """The 16-bit backward (registry contract, with the inputs as stored): dout, q, k, v, out
-    (B*H or B*Hk, N, d) uint16 device arrays of `fmt` patterns, lse (B*H, Nq) float32; dq, dk,
-    dv float32 device arrays, written. The preprocess (D, dq zeroed), then the dK/dV kernel
+    (B*H or B*Hk, N, d) uint16 device arrays of `fmt` patterns, lse (B*H, Nq) float32; dq
+    float32, dk, dv uint16 (`fmt` patterns) device arrays, written. The preprocess (D, dq zeroed), then the dK/dV kernel
     adding dQ with atomics, on `stream`; its products on `products` ("wgmma" or "mma", as
     make_dkdv_kernel), its blocks fixed (block_m, block_n are the widened backward's).
     deterministic=True: run_widened (no atomics; this kernel has no dQ pass yet)."""
@@ -415,7 +425,7 @@ def run_widened(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, cau
     """wgmma's backward (3xTF32, two products a step for half values; products="mma": fa2's,
     for GPUs without wgmma) on the 16-bit inputs widened to float32 on the device: the
     "wgmma16-tf32bwd" pair's backward, and run_backward's with deterministic=True.
-    Arguments as run_backward's."""
+    Arguments as run_backward's: its float32 dK and dV are rounded into dk, dv."""
     from ... import arrays
     from .. import convert
     wide = []
@@ -423,11 +433,14 @@ def run_widened(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, cau
         w = arrays.empty_device(x.shape, np.float32)
         convert.widen(x.view(arrays.device_dtype(fmt)), w, fmt, stream)
         wide.append(w)
+    dk32, dv32 = (arrays.empty_device(x.shape, np.float32) for x in (dk, dv))
     if products == "mma":
-        run_fa2(*wide[:4], lse, wide[4], dq, dk, dv, scale=scale, heads=heads, group=group,
-                causal=causal, block_m=block_m, block_n=block_n,
+        run_fa2(*wide[:4], lse, wide[4], dq, dk32, dv32, scale=scale, heads=heads,
+                group=group, causal=causal, block_m=block_m, block_n=block_n,
                 dq_atomic=not deterministic, stream=stream)
-        return
-    run_tf32(*wide[:4], lse, wide[4], dq, dk, dv, scale=scale, heads=heads, group=group,
-             causal=causal, block_m=block_m, block_n=block_n, deterministic=deterministic,
-             stream=stream, half=True)
+    else:
+        run_tf32(*wide[:4], lse, wide[4], dq, dk32, dv32, scale=scale, heads=heads,
+                 group=group, causal=causal, block_m=block_m, block_n=block_n,
+                 deterministic=deterministic, stream=stream, half=True)
+    for wide_grad, grad in ((dk32, dk), (dv32, dv)):
+        convert.narrow(wide_grad, grad.view(arrays.device_dtype(fmt)), fmt, stream)
