@@ -279,37 +279,3 @@ def test_fa2_default_tiles_fit_the_gpus_shared_memory(monkeypatch, limit):
     # what the H200's default would take is refused with the reason, not launched to fail
     with pytest.raises(ValueError, match="shared memory"):
         forward_fa2.make_forward_kernel(128, 64, 128, False, np.dtype(np.float32))
-
-
-def test_dynamic_shared_kernel_opts_in_when_a_launch_is_refused_and_only_then(monkeypatch):
-    # the opt-in (argument typing, a lookup, a driver call) runs when a launch fails and the
-    # specialization is not opted in yet; a failure after it is raised, not retried forever
-    from numba_flash.kernels import support
-
-    class Refusing:
-        opted = False
-        runs = []
-
-        def __getitem__(self, config):
-            def run(*args):
-                Refusing.runs.append(args)
-                if not Refusing.opted or args == ("broken",):
-                    raise RuntimeError("CUDA_ERROR_INVALID_VALUE")
-            return run
-
-    def opt_in(args):
-        if Refusing.opted:
-            return False
-        Refusing.opted = True
-        return True
-
-    kernel = support.DynamicSharedKernel(Refusing(), 100 * 1024)
-    monkeypatch.setattr(support, "SIMULATOR", False)
-    monkeypatch.setattr(kernel, "_opt_in", opt_in)
-    kernel[(1,), 32](1)                         # refused, opted in, run again
-    assert Refusing.opted and Refusing.runs == [(1,), (1,)]
-    kernel[(1,), 32](2)                         # runs at once
-    assert Refusing.runs[2:] == [(2,)]
-    with pytest.raises(RuntimeError, match="INVALID_VALUE"):
-        kernel[(1,), 32]("broken")
-    assert Refusing.runs[3:] == [("broken",)]

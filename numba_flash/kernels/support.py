@@ -152,9 +152,7 @@ class DynamicSharedKernel:
     function before its first launch, which numba-cuda 0.30 does not expose. We compile the
     specialization for the arguments' types ourselves, set the attribute on its handle through
     numba-cuda's driver binding (the same call numba-cuda makes for shared_memory_carveout),
-    then launch as usual: when a launch is refused (the first of a specialization on a
-    device), so that the launches after it pay nothing for it. The simulator has no such
-    limit and needs nothing.
+    then launch as usual. The simulator has no such limit and needs nothing.
     check, if given, is called with the launch arguments first (to reject arrays the kernel
     cannot take, e.g. misaligned ones for vector loads).
     """
@@ -171,39 +169,21 @@ class DynamicSharedKernel:
         def launch(*args):
             if self.check is not None:
                 self.check(args)
-            run = self.kernel[grid, block, stream, self.nbytes]
-            if self.nbytes <= SHARED_MEMORY_BYTES or SIMULATOR:
-                run(*args)
-                return
-            # Opting in types every argument and looks the specialization up (12 ms in 40
-            # launches under cProfile on the H200, 2026-12-04: host time that a synchronized
-            # call pays in full), so it is done when a launch fails: the first launch of a
-            # new specialization or on another device is refused at cuLaunchKernel
-            # (CUDA_ERROR_INVALID_VALUE, not sticky; raised as numba's CudaAPIError or, with
-            # numba-cuda 0.30's cuda.core launcher, as cuda.core's CUDAError: any exception
-            # is taken), then runs again opted in. Where the specialization was opted in
-            # already, the failure was something else and is raised as it was
-            try:
-                run(*args)
-            except Exception:
-                if not self._opt_in(args):
-                    raise
-                run(*args)
+            if self.nbytes > SHARED_MEMORY_BYTES and not SIMULATOR:
+                self._opt_in(args)
+            self.kernel[grid, block, stream, self.nbytes](*args)
         return launch
 
     def _opt_in(self, args):
-        """Set the attribute for the specialization of args on this device; False if it was
-        set already (the refusal was something else)."""
         from numba.cuda.cudadrv.driver import binding, driver
         sig = tuple(self.kernel.typeof_pyval(a) for a in args)
         cufunc = self.kernel.compile(sig)._codelibrary.get_cufunc()
         key = (sig, cufunc.device.id)
         if key in self._opted_in:
-            return False
+            return
         attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         driver.cuKernelSetAttribute(attr, self.nbytes, cufunc.handle, cufunc.device.id)
         self._opted_in.add(key)
-        return True
 
 
 REGISTERS = 65536        # 32-bit registers per SM (sm_80 and sm_90)
