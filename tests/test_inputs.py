@@ -169,3 +169,33 @@ def test_gpu_two_threads_at_once(kernel):
         check = (check_forward(q, k, v, out, lse, causal=True)
                  + check_backward(q, q, k, v, *grads, causal=True))
         assert all(c.ok for c in check), check
+
+
+def test_one_step_import_describes_the_view_and_refuses_a_wrong_one(monkeypatch):
+    # arrays._import gives numba the exporter's own description with the kernels' shape and
+    # type (no reshape or view after): its pointer, no strides, the sync only for another
+    # stream; a shape of another size or a type of another item size is refused, not viewed
+    from numba import cuda
+
+    from numba_flash import arrays
+    seen = []
+    monkeypatch.setattr(cuda, "from_cuda_array_interface",
+                        lambda desc, owner, sync: seen.append((desc, owner, sync)) or "view",
+                        raising=False)
+
+    class Exporter:     # a C-contiguous (2, 6) int16 device array whose work is on stream 7
+        __cuda_array_interface__ = {"shape": (2, 6), "typestr": "<i2", "data": (1234, False),
+                                    "version": 3, "strides": None, "stream": 7}
+    x = Exporter()
+    assert arrays._import(x, (1, 3, 4), np.uint16, 7) == "view"
+    desc, owner, sync = seen[-1]
+    assert (desc["shape"], desc["typestr"], desc["strides"], desc["data"]) == \
+        ((1, 3, 4), "<u2", None, (1234, False))
+    assert owner is x and sync is False           # our kernels run on the stream it names
+    arrays._import(x, (12,), None, 0)
+    assert seen[-1][0]["typestr"] == "<i2" and seen[-1][2] is True     # another stream: wait
+    with pytest.raises(ValueError, match="cannot view"):
+        arrays._import(x, (5, 2), None, 0)
+    with pytest.raises(ValueError, match="cannot view"):
+        arrays._import(x, (12,), np.float32, 0)
+    assert Exporter.__cuda_array_interface__["shape"] == (2, 6)    # the exporter's untouched
