@@ -57,21 +57,19 @@ def row_max_fn(causal):
 
 
 @functools.lru_cache(maxsize=None)
-def make_online_softmax(causal, base2=False):
-    """online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq,
-    nk): one
-    K/V block's step of the online softmax on a warpgroup's 64 x 64 S (the accumulator entries
-    s_acc of rows i0, i1 and keys n0 + col_t.., wgmma.position), in place: S masked (keys past
-    nk; causal), m = max(m, rowmax S), alpha = exp(m_old - m_new), l = l alpha + rowsum P, and
-    s_acc = P = exp(S - m); the caller rescales O by alpha. m, l, m_safe, alpha: the thread's
-    two rows' (l its share of the row sum, m_safe m or 0 while a row has seen no key); the row
-    max over the quad by quad_max (scratch: the simulator's exchange). Shared by both forward
-    kernels (sm90.forward). masked: False for a block in which every key is visible to every
-    row (neither past nk nor, causal, past the diagonal), whose masking is skipped (the
-    float32 forward passes True for every block).
-    base2 (sm90.forward16): S comes in units of log2 (scaled by log2 e), m is kept in them, and
-    every exponential is exp2_approx; lse = m ln 2 + log l (make_finish_rows(base2=True))."""
-    exp = exp2_approx if base2 else math.exp
+def make_online_softmax(causal):
+    """online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq, nk):
+    one K/V block's step of the online softmax on a warpgroup's 64 x 64 S (the accumulator
+    entries s_acc of rows i0, i1 and keys n0 + col_t.., wgmma.position), in place: S masked
+    (keys past nk; causal), m = max(m, rowmax S), alpha = exp(m_old - m_new), l = l alpha +
+    rowsum P, and s_acc = P = exp(S - m); the caller rescales O by alpha. m, l, m_safe,
+    alpha: the thread's two rows' (l its share of the row sum, m_safe m or 0 while a row has
+    seen no key); the row max over the quad by quad_max (scratch: the simulator's exchange).
+    Shared by both forward kernels (sm90.forward). masked: False for a block in which every
+    key is visible to every row (neither past nk nor, causal, past the diagonal), whose
+    masking is skipped (the float32 forward passes True for every block). The 16-bit
+    forward's step, in units of log2, is make_online_softmax_lazy's."""
+    exp = math.exp
     row_max = row_max_fn(causal)
 
     @inlined_device_function
@@ -99,8 +97,9 @@ def make_online_softmax(causal, base2=False):
 @functools.lru_cache(maxsize=None)
 def make_online_softmax_lazy(causal):
     """online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1, col_t, nq,
-    nk, c, tau) -> rescaled: make_online_softmax(base2=True)'s step (sm90.forward16) with two
-    changes from FlashAttention-2 and -4.
+    nk, c, tau) -> rescaled: make_online_softmax's step for sm90.forward16, in units of log2
+    (every exponential exp2_approx; lse = m c ln 2 + log l: make_finish_rows(base2=True)), with
+    two changes from FlashAttention-2 and -4.
     The scale in the exponent (FA2): s_acc holds S = Q K^T unscaled, m its running max
     unscaled, and P = 2^(S c - m c) = ex2(fma(S, c, -m c)) with c = scale log2 e > 0 (the max
     of S c is c times the max of S): one FFMA an entry where scaling S first costs an FMUL and
