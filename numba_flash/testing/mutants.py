@@ -108,9 +108,11 @@ MUTANTS = {m.name: m for m in (
     Mutant("P's keys swapped in pairs (wgmma16)", "forward", "sm90.forward16",
            "p_regs[w] = pack(s_acc[2 * w], s_acc[2 * w + 1])",
            "p_regs[w] = pack(s_acc[2 * w + 1], s_acc[2 * w])", _R, "wgmma16"),
+    # (O is rescaled only when the lazy max moves, a row max passing it by 2^8 in P: logits
+    # far apart across blocks, which the huge regime draws at once)
     Mutant("O not rescaled (wgmma16)", "forward", "sm90.forward16",
            "o_acc[j] *= alpha[(j % 4) // 2]", "o_acc[j] *= float32(1.0)", _R, "wgmma16",
-           size="simulator-blocks"),
+           size="simulator-blocks", regimes=("huge",)),
     Mutant("S held in float16 (wgmma16)", "forward", "sm90.wgmma16",
            "return tuple(float32(x) for x in exact.astype(np.float32))",
            "return tuple(float32(x) for x in exact.astype(np.float16))", _R, "wgmma16",
@@ -148,9 +150,13 @@ MUTANTS = {m.name: m for m in (
            "wgmma16"),
     Mutant("dS of both warpgroups in one place (wgmma16)", "backward", "sm90.backward16",
            "key = wg * uBM + row", "key = row", _B, "wgmma16", size="simulator-blocks"),
+    # (the scale handed to both ways of adding dQ: the pairs of columns, which aligned inputs
+    # take, and the scalar atomics; an edit of the scalar line alone took 132 s of search on
+    # the simulator to meet a misaligned case, 2026-12-04)
     Mutant("dQ added without scale (wgmma16)", "backward", "sm90.backward16",
-           "cuda.atomic.add(dq, (bh, i, c), part[4 * nt + e] * scale)",
-           "cuda.atomic.add(dq, (bh, i, c), part[4 * nt + e])", _B, "wgmma16"),
+           "add_dq_all(dq, wait_s_last(part), bh, m0, wg * U(DQ_N), row, col_t, nq, d, scale)",
+           "add_dq_all(dq, wait_s_last(part), bh, m0, wg * U(DQ_N), row, col_t, nq, d, "
+           "float32(1.0))", _B, "wgmma16"),
 )}
 
 
