@@ -144,7 +144,7 @@ def _import(x, shape, as_dtype, stream_ptr, sync=None):
     in one import: the interface read once and given that shape and type (contiguous: no
     strides). Importing as it is, then reshaping and viewing, makes a DeviceNDArray each:
     arrays.to_device took 40.5 us a call on the H200's host where one import takes 14.8
-    (2026-12-04, .gpu/hostcost.py). sync: None for _must_sync's answer."""
+    (2026-12-04, .gpu/hostcost.py). sync: None for _must_sync's answer on its stream."""
     from numba import cuda
     desc = dict(x.__cuda_array_interface__)
     item = np.dtype(desc["typestr"]).itemsize
@@ -155,7 +155,7 @@ def _import(x, shape, as_dtype, stream_ptr, sync=None):
         raise ValueError("a non-contiguous device array cannot be viewed with another shape")
     desc.update(shape=tuple(shape), strides=None, typestr=dtype.str)
     if sync is None:
-        sync = _must_sync_stream(desc.get("stream"), stream_ptr)
+        sync = _must_sync(desc.get("stream"), stream_ptr)
     return cuda.from_cuda_array_interface(desc, owner=x, sync=sync)
 
 
@@ -169,19 +169,14 @@ def _torch_dtype(dtype):
     return getattr(torch, np.dtype(dtype).name)
 
 
-def _must_sync(x, stream_ptr=0):
-    """Whether the stream that x's __cuda_array_interface__ names must be synchronized (the
-    host waits) before our kernels on stream stream_ptr read x; Numba does so for every import
-    by default. Not when x names no stream (None) or the one our kernels run on: they are
-    ordered after its work already (CAI's 1 is the legacy default stream, pointer 0, unless
-    Numba is configured for per-thread default streams). That sync made the host wait for the
-    GPU at every call, so a forward+backward could not queue the backward while the forward
-    ran."""
-    return _must_sync_stream(x.__cuda_array_interface__.get("stream"), stream_ptr)
-
-
-def _must_sync_stream(stream, stream_ptr):
-    """_must_sync for the stream an interface names (its "stream" entry)."""
+def _must_sync(stream, stream_ptr=0):
+    """Whether `stream`, the one an array's __cuda_array_interface__ names (its "stream"
+    entry), must be synchronized (the host waits) before our kernels on stream stream_ptr read
+    the array; Numba does so for every import by default. Not when it names no stream (None)
+    or the one our kernels run on: they are ordered after its work already (CAI's 1 is the
+    legacy default stream, pointer 0, unless Numba is configured for per-thread default
+    streams). That sync made the host wait for the GPU at every call, so a forward+backward
+    could not queue the backward while the forward ran."""
     from numba.cuda import config
     if stream is None or stream == stream_ptr:
         return False
