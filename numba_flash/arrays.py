@@ -19,6 +19,8 @@ import threading
 import ml_dtypes
 import numpy as np
 
+from .kernels.launch import DeviceView
+
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 # the half formats' storage on the device: float16 as it is; bfloat16 as its 16-bit patterns
 # (int16), the __cuda_array_interface__ having no bfloat16 type
@@ -139,24 +141,29 @@ def to_device(x, shape3, stream_ptr=0, as_dtype=None):
 
 
 def _import(x, shape, as_dtype, stream_ptr, sync=None):
-    """A Numba view of x, a C-contiguous device array with a __cuda_array_interface__ (torch,
-    CuPy), of `shape` (the same size) and as_dtype (None: x's; else of x's item size), made
-    in one import: the interface read once and given that shape and type (contiguous: no
-    strides). Importing as it is, then reshaping and viewing, makes a DeviceNDArray each:
-    arrays.to_device took 40.5 us a call on the H200's host where one import takes 14.8
-    (2026-12-04, .gpu/hostcost.py). sync: None for _must_sync's answer on its stream."""
-    from numba import cuda
-    desc = dict(x.__cuda_array_interface__)
-    item = np.dtype(desc["typestr"]).itemsize
-    dtype = np.dtype(desc["typestr"] if as_dtype is None else as_dtype)
+    """A view of x, a C-contiguous device array with a __cuda_array_interface__ (torch,
+    CuPy), of `shape` (the same size) and as_dtype (None: x's; else of x's item size), as a
+    kernels.launch.DeviceView: the interface read once, no Numba device array made (making
+    one, with its context checks and memory object, was most of an import's 14.8 us and
+    numba's launch made one more of it: 2026-12-04, tools/call_time.py). sync: None for
+    _must_sync's answer on its stream; when true, the host waits for that stream here, as
+    Numba's import would."""
+    desc = x.__cuda_array_interface__
+    typestr = desc["typestr"]
+    item = np.dtype(typestr).itemsize
+    dtype = np.dtype(typestr if as_dtype is None else as_dtype)
     if dtype.itemsize != item or math.prod(shape) != math.prod(desc["shape"]):
-        raise ValueError(f"cannot view {desc['shape']} {desc['typestr']} as {shape} {dtype}")
+        raise ValueError(f"cannot view {desc['shape']} {typestr} as {shape} {dtype}")
     if desc.get("strides") is not None and not is_c_contiguous(x):
         raise ValueError("a non-contiguous device array cannot be viewed with another shape")
-    desc.update(shape=tuple(shape), strides=None, typestr=dtype.str)
     if sync is None:
         sync = _must_sync(desc.get("stream"), stream_ptr)
-    return cuda.from_cuda_array_interface(desc, owner=x, sync=sync)
+    if sync:
+        from numba import cuda
+        from numba.cuda import config
+        if config.CUDA_ARRAY_INTERFACE_SYNC:
+            cuda.external_stream(desc["stream"]).synchronize()
+    return DeviceView(desc["data"][0], shape, dtype, owner=x)
 
 
 def _torch_bfloat16():

@@ -171,29 +171,35 @@ def test_gpu_two_threads_at_once(kernel):
         assert all(c.ok for c in check), check
 
 
-def test_one_step_import_describes_the_view_and_refuses_a_wrong_one(monkeypatch):
-    # arrays._import gives numba the exporter's own description with the kernels' shape and
-    # type (no reshape or view after): its pointer, no strides, the sync only for another
-    # stream; a shape of another size or a type of another item size is refused, not viewed
+def test_one_step_import_is_a_device_view_and_refuses_a_wrong_one(monkeypatch):
+    # arrays._import views an exporter's memory as a DeviceView of the kernels' shape and
+    # type (no Numba device array): its pointer, C-contiguous, the exporter kept alive; the
+    # host waits for the exporter's stream only when it is another than the kernels'; a
+    # shape of another size or a type of another item size is refused, not viewed
     from numba import cuda
 
     from numba_flash import arrays
-    seen = []
-    monkeypatch.setattr(cuda, "from_cuda_array_interface",
-                        lambda desc, owner, sync: seen.append((desc, owner, sync)) or "view",
-                        raising=False)
+    from numba_flash.kernels.launch import DeviceView
+    waited = []
+
+    class Stream:
+        def __init__(self, ptr):
+            self.ptr = ptr
+
+        def synchronize(self):
+            waited.append(self.ptr)
+    monkeypatch.setattr(cuda, "external_stream", Stream, raising=False)
 
     class Exporter:     # a C-contiguous (2, 6) int16 device array whose work is on stream 7
         __cuda_array_interface__ = {"shape": (2, 6), "typestr": "<i2", "data": (1234, False),
                                     "version": 3, "strides": None, "stream": 7}
     x = Exporter()
-    assert arrays._import(x, (1, 3, 4), np.uint16, 7) == "view"
-    desc, owner, sync = seen[-1]
-    assert (desc["shape"], desc["typestr"], desc["strides"], desc["data"]) == \
-        ((1, 3, 4), "<u2", None, (1234, False))
-    assert owner is x and sync is False           # our kernels run on the stream it names
-    arrays._import(x, (12,), None, 0)
-    assert seen[-1][0]["typestr"] == "<i2" and seen[-1][2] is True     # another stream: wait
+    view = arrays._import(x, (1, 3, 4), np.uint16, 7)
+    assert type(view) is DeviceView and view.owner is x
+    assert (view.ptr, view.shape, view.dtype, view.strides) == \
+        (1234, (1, 3, 4), np.dtype(np.uint16), (24, 8, 2))
+    assert view.__cuda_array_interface__["typestr"] == "<u2" and waited == []
+    assert arrays._import(x, (12,), None, 0).dtype == np.int16 and waited == [7]  # another
     with pytest.raises(ValueError, match="cannot view"):
         arrays._import(x, (5, 2), None, 0)
     with pytest.raises(ValueError, match="cannot view"):

@@ -73,7 +73,7 @@ from numba_flash.kernels.sm90 import dq as sm90_dq  # noqa: E402
 from numba_flash.kernels.sm90 import forward as sm90_forward  # noqa: E402
 from numba_flash.kernels.sm90 import backward16 as sm90_backward16  # noqa: E402
 from numba_flash.kernels.sm90 import forward16 as sm90_forward16  # noqa: E402
-from numba_flash.kernels.support import DynamicSharedKernel  # noqa: E402
+from numba_flash.kernels.support import Launcher  # noqa: E402
 from numba_flash.kernels.vector_io import AlignedDispatch  # noqa: E402
 
 A3, A2 = types.Array(float32, 3, "C"), types.Array(float32, 2, "C")
@@ -92,13 +92,13 @@ F32 = np.dtype(np.float32)
 
 def _dispatchers(label, launcher):
     """(label, numba dispatcher) of each kernel behind a launcher: an AlignedDispatch gives its
-    vector and scalar kernels, a DynamicSharedKernel its kernel."""
+    vector and scalar kernels, a Launcher its kernel."""
     if isinstance(launcher, AlignedDispatch):
         yield from _dispatchers(f"{label} vector", launcher.vector)
         yield from _dispatchers(f"{label} scalar", launcher.scalar)
     elif hasattr(launcher, "dispatch"):          # forward16's launcher (scale -> scale log2 e)
         yield from _dispatchers(label, launcher.dispatch)
-    elif isinstance(launcher, DynamicSharedKernel):
+    elif isinstance(launcher, Launcher):
         yield from _dispatchers(label, launcher.kernel)
     elif hasattr(launcher, "py_func"):
         yield label, launcher

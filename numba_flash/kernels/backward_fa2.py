@@ -5,7 +5,7 @@ kernel), the default backward since its GPU runs on an H200 (verified, sanitizer
 timed faster than fa2, with its dQ atomics 16 bytes at a time faster still, `vector_atomics`;
 figures in docs/performance.md, "Figures that were in the kernel docstrings").
 
-  * One dynamic shared allocation (common.DynamicSharedKernel), so that d = 128 can use 64 x 64
+  * One dynamic shared allocation (launch.Launcher), so that d = 128 can use 64 x 64
     tiles instead of backward.py's 16 x 16.
   * Every product reads shared memory in 16-byte vectors: dot products walk the head dim four
     at a time along rows (rows padded by 4, as in forward_fa2), accumulations walk the
@@ -35,7 +35,7 @@ import numpy as np
 from numba import cuda
 
 from .backward import run_preprocess
-from .support import (NEG_INF, U, DynamicSharedKernel, ceil_div, check_block, check_head_dim,
+from .support import (NEG_INF, U, Launcher, ceil_div, check_block, check_head_dim,
                       check_shared_memory, dynamic_shared_limit, kernel_jit, head_grid,
                       head_index, kv_head, make_recompute_p, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
@@ -464,7 +464,7 @@ def _dkdv(block_m, block_n, d_pad, d_const, causal, dtype, threads, dq_atomic, v
             store_rows(dv, kvh, n0, nk, d, dv_acc, T(1.0), ty, tx)
 
     check = require_aligned((DQ_ARG,), "vector_atomics needs dq")
-    return DynamicSharedKernel(dkdv_fa2, c["nbytes"], check=check if RED4 else None), (TX, TY)
+    return Launcher(dkdv_fa2, c["nbytes"], check=check if RED4 else None), (TX, TY)
 
 
 def make_dq_kernel(block_m, block_n, head_dim, causal, dtype, threads=None):
@@ -538,7 +538,7 @@ def _dq(block_m, block_n, d_pad, d_const, causal, dtype, threads):
 
         store_rows(dq, bh, m0, nq, d, dq_acc, scale, ty, tx)
 
-    return DynamicSharedKernel(dq_fa2, c["nbytes"]), (TX, TY)
+    return Launcher(dq_fa2, c["nbytes"]), (TX, TY)
 
 
 def prefetch_by_default(dtype, dq_atomic):

@@ -52,6 +52,8 @@ from pathlib import Path
 
 from numba import cuda
 
+from .launch import Launcher
+
 SIMULATOR = cuda.jit.__module__.startswith("numba.cuda.simulator")
 
 KERNELS_DIR = Path(__file__).resolve().parent
@@ -181,14 +183,18 @@ def stats():
 
 def cached_jit(fn=None, **options):
     """cuda.jit(**options) for a kernel, with the disk cache when enabled(); used bare
-    (@cached_jit) or with options (@cached_jit(max_registers=...)). On the simulator, or with
-    caching off, exactly cuda.jit."""
+    (@cached_jit) or with options (@cached_jit(max_registers=...)). On a GPU the dispatcher
+    comes in a launch.Launcher (kernel[grid, block, stream](*args) as before, with less host
+    work and a thread-safe first load; its attributes are the dispatcher's); on the
+    simulator exactly cuda.jit."""
     if fn is None:
         return lambda f: cached_jit(f, **options)
     dispatcher = cuda.jit(**options)(fn) if options else cuda.jit(fn)
+    if SIMULATOR:
+        return dispatcher
     if enabled():
         attach(dispatcher)
-    return dispatcher
+    return Launcher(dispatcher)
 
 
 def attach(dispatcher):

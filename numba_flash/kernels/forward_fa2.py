@@ -11,7 +11,7 @@ What changes against forward_tiled.py, and why:
     four at a time along rows of Q and K, the PV loop four keys at a time along rows of P, and
     each thread's O columns come in runs of four. Each vector load feeds 8 to 32 FMAs.
   * The shared arrays are carved from one dynamic allocation, which may exceed the 48 KiB
-    Numba's static arrays are capped at (common.DynamicSharedKernel), so d = 128 can use
+    Numba's static arrays are capped at (launch.Launcher), so d = 128 can use
     64 x 64 tiles.
 Rows of Q and K are padded by 4 elements so that the 8 lanes of a quarter-warp reading 8
 different rows at the same column hit 8 different groups of 4 banks.
@@ -33,7 +33,7 @@ import numpy as np
 
 from numba import cuda
 
-from .support import (NEG_INF, U, DynamicSharedKernel, ceil_div, check_block,
+from .support import (NEG_INF, U, Launcher, ceil_div, check_block,
                       check_shared_memory, check_head_dim, dynamic_shared_limit, kernel_jit,
                       head_index, kv_head, numba_type)
 from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,
@@ -383,5 +383,5 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, threads=None,
                     lse[bh, i] = m[a] + math.log(l_i) if l_i != T(0.0) else T(NEG_INF)
 
     check = require_aligned(range(4), "fa2 forward with vector_loads needs q, k, v and out")
-    launcher = DynamicSharedKernel(forward_fa2, item * total, check=check if VEC else None)
+    launcher = Launcher(forward_fa2, item * total, check=check if VEC else None)
     return launcher, (TX, TY)

@@ -13,15 +13,17 @@ import numpy as np
 from numba import cuda, float32
 
 from .cache import cached_jit  # noqa: F401  (the kernels' jit: cuda.jit with the disk cache)
+from .launch import Launcher  # noqa: F401  (how every kernel is launched)
+from .launch import SHARED_MEMORY_BYTES  # noqa: F401
 
 # Which numba.cuda this process imported (fixed at its first import): the simulator's or the GPU's.
 SIMULATOR = cuda.jit.__module__.startswith("numba.cuda.simulator")
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 MAX_HEAD_DIM = 256
-# Static shared memory per block. Numba declares shared arrays statically, and CUDA caps
-# static shared memory at 48 KiB per block (more needs an opt-in that Numba does not expose).
-SHARED_MEMORY_BYTES = 48 * 1024
+# SHARED_MEMORY_BYTES (launch.py): static shared memory per block. Numba declares shared arrays
+# statically, and CUDA caps static shared memory at 48 KiB per block (more needs an opt-in that
+# Numba does not expose: launch.Launcher makes it for dynamic shared memory).
 
 
 def numba_type(dtype):
@@ -45,7 +47,7 @@ def check_head_dim(head_dim):
 def check_shared_memory(what, nbytes, hint, limit=SHARED_MEMORY_BYTES):
     """ValueError when a tile configuration needs more shared memory than a block can have:
     `limit` is the 48 KiB of static shared memory, or dynamic_shared_limit() for kernels
-    launched through DynamicSharedKernel."""
+    launched through launch.Launcher."""
     if nbytes > limit:
         raise ValueError(
             f"{what} needs {nbytes} bytes of shared memory per block, more than the "
@@ -142,48 +144,6 @@ def _device_shared_limit():
 SHARED_PER_BLOCK = {"sm_80": 166912, "sm_87": 166912, "sm_90": 232448, "sm_100": 232448}
 SHARED_PER_BLOCK_LEAST = 101376
 
-
-
-class DynamicSharedKernel:
-    """A kernel launched as kernel[grid, block](*args) or kernel[grid, block, stream](*args)
-    with `nbytes` of dynamic shared memory.
-
-    Above 48 KiB, CUDA needs cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES) on the compiled
-    function before its first launch, which numba-cuda 0.30 does not expose. We compile the
-    specialization for the arguments' types ourselves, set the attribute on its handle through
-    numba-cuda's driver binding (the same call numba-cuda makes for shared_memory_carveout),
-    then launch as usual. The simulator has no such limit and needs nothing.
-    check, if given, is called with the launch arguments first (to reject arrays the kernel
-    cannot take, e.g. misaligned ones for vector loads).
-    """
-
-    def __init__(self, kernel, nbytes, check=None):
-        self.kernel = kernel
-        self.nbytes = int(nbytes)
-        self.check = check
-        self._opted_in = set()
-
-    def __getitem__(self, config):
-        grid, block, stream = (*config, 0)[:3]
-
-        def launch(*args):
-            if self.check is not None:
-                self.check(args)
-            if self.nbytes > SHARED_MEMORY_BYTES and not SIMULATOR:
-                self._opt_in(args)
-            self.kernel[grid, block, stream, self.nbytes](*args)
-        return launch
-
-    def _opt_in(self, args):
-        from numba.cuda.cudadrv.driver import binding, driver
-        sig = tuple(self.kernel.typeof_pyval(a) for a in args)
-        cufunc = self.kernel.compile(sig)._codelibrary.get_cufunc()
-        key = (sig, cufunc.device.id)
-        if key in self._opted_in:
-            return
-        attr = binding.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        driver.cuKernelSetAttribute(attr, self.nbytes, cufunc.handle, cufunc.device.id)
-        self._opted_in.add(key)
 
 
 REGISTERS = 65536        # 32-bit registers per SM (sm_80 and sm_90)

@@ -52,7 +52,7 @@ def aligned(*arrays):
 
 
 def require_aligned(positions, what):
-    """A launch check (common.DynamicSharedKernel's `check`) that raises ValueError unless the
+    """A launch check (launch.Launcher's `check`) that raises ValueError unless the
     arguments at `positions` pass `aligned`; `what` names the kernel option and the arrays."""
     positions = tuple(positions)
 

@@ -31,7 +31,7 @@ from numba import cuda, float32
 
 from ..backward import run_preprocess
 from ..mma import split_tf32
-from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div, device_function,
+from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, device_function,
                        head_grid, head_index, kernel_jit, make_recompute_p,
                        simulator_switch_interval)
 from ..vector_io import AlignedDispatch
@@ -321,7 +321,7 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True, half=False):
 
         store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane)
 
-    return DynamicSharedKernel(dkdv_wgmma_lean, LEAN_NBYTES), WARPGROUP
+    return Launcher(dkdv_wgmma_lean, LEAN_NBYTES), WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)
@@ -485,7 +485,7 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
 
         store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, rows, lane)
 
-    return DynamicSharedKernel(dkdv_wgmma_wide, WIDE_NBYTES), 2 * WARPGROUP
+    return Launcher(dkdv_wgmma_wide, WIDE_NBYTES), 2 * WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)

@@ -47,7 +47,7 @@ from numba import cuda, float32, uint16, uint32
 from ..backward_fa2 import (check_tiles as fa2_check, run_backward as run_fa2,
                             shared_bytes as fa2_shared_bytes)
 from ..mma16 import engine
-from ..support import (ALIGN, NEG_INF, SHARED_PER_BLOCK_LEAST, SIMULATOR, U, DynamicSharedKernel,
+from ..support import (ALIGN, NEG_INF, SHARED_PER_BLOCK_LEAST, SIMULATOR, U, Launcher,
                        ceil_div, head_grid, head_index, inlined_device_function, kernel_jit,
                        make_recompute_p, simulator_launch, simulator_switch_interval)
 from ..vector_io import AlignedDispatch, add2, copies_commit, make_copies_wait
@@ -360,7 +360,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         if D > HALF_D:
             store_dkdv_half(dk, dv, dk_acc, dv_acc, 8, hk, j0, j1, col_t, nk, d, scale)
 
-    return simulator_launch(DynamicSharedKernel(dkdv16, NBYTES))
+    return simulator_launch(Launcher(dkdv16, NBYTES))
 
 
 def dkdv_launcher(D, causal, fmt, products="wgmma"):

@@ -19,7 +19,7 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-from ..support import (ALIGN, SIMULATOR, U, DynamicSharedKernel, ceil_div,
+from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div,
                        head_grid, head_index, inlined_device_function, kernel_jit,
                        kv_head, make_recompute_p, simulator_switch_interval)
 from ..vector_io import AlignedDispatch
@@ -141,7 +141,7 @@ def make_lean_dq_kernel(causal, half=False):
             if i < nq and c < d:
                 dq[bh, i, c] = dq_acc[j] * scale
 
-    return DynamicSharedKernel(dq_wgmma, NBYTES), WARPGROUP
+    return Launcher(dq_wgmma, NBYTES), WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)
@@ -243,7 +243,7 @@ def make_wide_dq_kernel(causal, vector_loads, half=False):
                 if c + U(D_PAD) < d:
                     dq[bh, i, c + U(D_PAD)] = dq1[j] * scale
 
-    return DynamicSharedKernel(dq_wgmma_wide, WIDE_NBYTES), 2 * WARPGROUP
+    return Launcher(dq_wgmma_wide, WIDE_NBYTES), 2 * WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)

@@ -36,7 +36,7 @@ from numba import cuda, float32, uint16, uint32
 
 from reference.precision import half_format
 
-from ..support import (ALIGN, NEG_INF, SIMULATOR, U, DynamicSharedKernel, head_index,
+from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index,
                        inlined_device_function, kernel_jit, kv_head, simulator_launch)
 from ..vector_io import AlignedDispatch, copies_commit, make_copies_wait
 from .operands import BLOCK, REGS
@@ -237,7 +237,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
                 if c + U(1) < d:
                     out[bh, i, c + U(1)] = uint16(word >> U(16))
 
-    return simulator_launch(DynamicSharedKernel(forward16, NBYTES))
+    return simulator_launch(Launcher(forward16, NBYTES))
 
 
 class _Launch:

@@ -1,0 +1,143 @@
+"""kernels.launch: DeviceView, the launch key and packing, and Launcher on a GPU (first loads
+under threads, packing as Numba packs, results)."""
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from numba_flash.kernels.launch import DeviceView
+
+
+def test_device_view_is_a_c_contiguous_array_of_its_memory():
+    owner = object()
+    v = DeviceView(4096, (2, 3, 8), np.float32, owner=owner)
+    assert (v.ndim, v.size, v.nbytes, v.strides) == (3, 48, 192, (96, 32, 4))
+    r = v.reshape(6, 8)
+    assert (r.ptr, r.shape, r.dtype, r.owner) == (4096, (6, 8), np.float32, owner)
+    assert v.reshape((48,)).shape == (48,)
+    w = v.view(np.uint16)                   # the last axis scales with the item sizes
+    assert (w.shape, w.strides) == ((2, 3, 16), (96, 32, 2))
+    assert v.view(np.uint16).view(np.uint32).shape == (2, 3, 8)
+    cai = v.__cuda_array_interface__
+    assert (cai["shape"], cai["typestr"], cai["data"], cai["strides"], cai["stream"]) == \
+        ((2, 3, 8), "<f4", (4096, False), None, None)
+    with pytest.raises(ValueError, match="cannot reshape"):
+        v.reshape(5, 8)
+    with pytest.raises(ValueError, match="cannot view"):
+        DeviceView(0, (3,), np.uint16).view(np.uint32)
+
+
+# In a child without the simulator (numba.cuda imported first): numba's own typeof, no GPU
+# needed. Equal launch keys must mean equal Numba types, else a launch would reuse a
+# specialization compiled for other types.
+KEYS = r"""
+import json
+import numpy as np
+from numba import cuda
+from numba.cuda.typing.typeof import Purpose, typeof
+from numba_flash.kernels import launch
+values = [0, 1, -5, 2**31, 2**62, 2**63 - 1, 2**63, 2**64 - 1, 1.5, -0.0, True, False,
+          np.float32(1), np.float64(2), np.int32(3), np.int64(4), np.uint16(5), np.bool_(1),
+          launch.DeviceView(256, (2, 3, 4), np.float32), launch.DeviceView(256, (12,), np.float32),
+          launch.DeviceView(512, (2, 3, 4), np.uint16), launch.DeviceView(0, (1, 1), np.float64)]
+types_of = {}
+for x in values:
+    types_of.setdefault(repr(launch.arg_key(x)), set()).add(str(typeof(x, Purpose.argument)))
+layouts = [typeof(v, Purpose.argument).layout for v in values if type(v) is launch.DeviceView]
+print(json.dumps(dict(types={k: sorted(v) for k, v in types_of.items()}, layouts=layouts,
+                      keys=len(types_of))))
+"""
+
+
+def test_equal_launch_keys_mean_equal_numba_types():
+    import json
+    out = subprocess.run([sys.executable, "-c", KEYS], capture_output=True, text=True,
+                         timeout=300, env=_no_simulator_env())
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert all(len(t) == 1 for t in got["types"].values()), got["types"]
+    assert set(got["layouts"]) == {"C"}
+    # ints up to 2**63 - 1 are one type (int64) and 2**63.. another (uint64): keys apart
+    assert got["types"][repr((int, True))] == ["uint64"]
+    assert got["types"][repr((int, False))] == ["int64"]
+
+
+def _no_simulator_env():
+    import os
+    env = dict(os.environ)
+    env.pop("NUMBA_ENABLE_CUDASIM", None)
+    return env
+
+
+@pytest.mark.gpu
+def test_gpu_packing_matches_numbas_and_the_kernel_reads_it():
+    # the arguments packed from DeviceViews are the ones Numba's own launch packs for the same
+    # memory, and a kernel launched with them reads the arrays and scalars it was given
+    from numba import cuda
+
+    from numba_flash.kernels.launch import Launcher
+
+    @cuda.jit
+    def fill(out, src, x, n, flag):
+        i = cuda.grid(1)
+        if i < out.shape[0] * out.shape[1]:
+            r, c = i // out.shape[1], i % out.shape[1]
+            out[r, c] = src[r, c] * x + n + (1 if flag else 0)
+
+    launcher = Launcher(fill)
+    src_host = np.arange(40, dtype=np.float32).reshape(5, 8)
+    out, src = cuda.device_array((5, 8), np.float32), cuda.to_device(src_host)
+    views = [DeviceView(a.device_ctypes_pointer.value, a.shape, a.dtype, owner=a)
+             for a in (out, src)]
+    args = (*views, np.float32(0.5), 3, True)
+    kern, _, packers = launcher.specialization(args)
+    assert packers is not None
+    ours, theirs = [], []
+    for pack, a in zip(packers, args):
+        pack(a, ours)
+    for ty, a in zip(kern.argument_types, (out, src, *args[2:])):
+        kern._prepare_args(ty, a, 0, [], theirs)
+
+    def plain(v):
+        return (type(v).__name__, v.value) if hasattr(v, "value") else v
+    assert [plain(v) for v in ours] == [plain(v) for v in theirs]
+    launcher[1, 64](*args)
+    np.testing.assert_array_equal(out.copy_to_host(), src_host * 0.5 + 4)
+    launcher[1, 64](out, src, np.float32(2), 0, False)     # Numba arrays: Numba's own packing
+    np.testing.assert_array_equal(out.copy_to_host(), src_host * 2)
+
+
+@pytest.mark.gpu
+def test_gpu_first_launch_from_many_threads_loads_once():
+    # numba-cuda loads a module on a kernel's first launch without a lock; eight threads
+    # launching a fresh kernel at once registered one CUlibrary twice before the Launcher
+    from numba import cuda
+
+    from numba_flash.kernels.launch import Launcher
+
+    @cuda.jit
+    def add(out, i):
+        out[i] += 1
+
+    launcher = Launcher(add)
+    out = cuda.to_device(np.zeros(8, np.int64))
+    errors, start = [], threading.Barrier(8)
+
+    def work(i):
+        try:
+            start.wait()
+            launcher[1, 1](out, i)
+        except Exception as e:
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    cuda.synchronize()
+    np.testing.assert_array_equal(out.copy_to_host(), np.ones(8))
+    assert len(launcher._compiled) == 1
