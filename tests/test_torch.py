@@ -204,7 +204,7 @@ def test_gpu_outputs_are_the_allocators_own_tensors():
     d_arr = arrays.empty_device((3, 5), np.float32, like=like)
     got = arrays.from_device(d_arr, (15,), like)
     assert got.untyped_storage()._cdata == d_arr.pool_owner.untyped_storage()._cdata
-    assert got.data_ptr() == d_arr.device_ctypes_pointer.value
+    assert got.data_ptr() == d_arr.ptr
     got.record_stream(torch.cuda.Stream())
 
 
