@@ -228,7 +228,8 @@ def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
         lse = cuda.to_device(np.zeros((2, nq), np.float32))
         args = [cuda.to_device(x) for x in (q, k, v)]
         fwd = forward16.make_kernel(D, True, "float16", asynchronous)
-        fwd[(1, 2), forward16.THREADS](*args, out, lse, np.float32(0.2 * forward16.LOG2E), 2, 2)
+        fwd[(1, 2), forward16.threads(D)](*args, out, lse, np.float32(0.2 * forward16.LOG2E),
+                                          2, 2)
         grads = [cuda.to_device(np.zeros(x.shape, np.float32 if x is q else np.uint16))
                  for x in (q, k, v)]              # dq float32, dk and dv rounded patterns
         bwd = backward16.make_dkdv_kernel(D, True, "float16", asynchronous)

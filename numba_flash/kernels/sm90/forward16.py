@@ -2,12 +2,12 @@
 staged as they are stored (no widened copies), products on the tensor core in that format,
 FlashAttention-2's loop in float32; the "wgmma16" pair's forward (registry.py).
 
-Blocks of 128 query rows, two warpgroups (256 threads) of 64 rows each sharing the K/V blocks
-of 64 keys (half the K/V traffic of a 64-row block, which kept L2 70 % busy), the head dim
-zero-padded to D = 64 or 128. Q and two stages of K/V in shared memory (sm90.stage16): while
-block j is computed on, block j + 1 arrives in the other stage by cp.async (16-byte copies
-that the threads do not wait for; where q, k, v are not 16-byte aligned, staged synchronously
-instead).
+Blocks of 64 query rows a warpgroup sharing the K/V blocks of 64 keys (half the K/V traffic
+of a 64-row block, which kept L2 70 % busy): two warpgroups (128 rows, 256 threads) at D = 64,
+three (192 rows, 384 threads) at D = 128, the head dim zero-padded to D = 64 or 128. Q and
+STAGES = 3 K/V blocks in shared memory (sm90.stage16): K of this block and V of the last one
+are read while the next block arrives by cp.async (16-byte copies that the threads do not wait
+for; where q, k, v are not 16-byte aligned, staged synchronously instead).
 Per K/V block:
 
     S = Q K^T            wgmma m64n64k16, Q and K K-major (sm90.wgmma16's layout), D / 16 steps
@@ -50,33 +50,47 @@ D_MAX = 128          # head dims up to this; zero-padded to 64 or 128
 P_WORDS = REGS // 2  # P's register A fragments: its 32 entries, two to a word
 STAGES = 3           # K/V blocks in shared memory: K of this block and V of the last one
                      # read, the next block arriving
-WARPGROUPS = 2       # consumers of each K/V block, 64 query rows each
-BLOCK_M = WARPGROUPS * BLOCK
-THREADS = WARPGROUPS * WARPGROUP
 copies_wait_but_one = make_copies_wait(1)
 
 
+def padded(d):
+    """D, the head dim the kernel for d computes with: 64 or 128."""
+    return 64 if d <= 64 else 128
+
+
+def warpgroups(D):
+    """Consumers of each K/V block, 64 query rows each: 2 at D = 64 (two blocks an SM fit),
+    3 at D = 128, where one block an SM is all that fits (128 KiB of shared memory with two,
+    140 registers a thread): 12 warps an SM to hide latency instead of 8."""
+    return 3 if D == 128 else 2
+
+
+def threads(D):
+    """Threads of the kernel for D: its warpgroups."""
+    return warpgroups(D) * WARPGROUP
+
+
 def tiles(d):
-    """(block_m, block_n) = (128, 64) for every d it takes."""
-    return BLOCK_M, BLOCK
+    """(block_m, block_n): (128, 64) for d <= 64, (192, 64) above."""
+    return warpgroups(padded(d)) * BLOCK, BLOCK
 
 
 def check(block_m, block_n, d, dtype):
-    """ValueError unless a half dtype, 1 <= d <= 128 and tiles (128, 64)."""
+    """ValueError unless a half dtype, 1 <= d <= 128 and tiles(d)."""
     if not half_format(dtype):
         raise ValueError(f"the wgmma16 forward takes float16 and bfloat16 inputs, got "
                          f"{np.dtype(dtype)}")
     if not 1 <= d <= D_MAX:
         raise ValueError(f"the wgmma16 forward takes head dims 1..{D_MAX}, got d={d}")
-    if (block_m, block_n) != (BLOCK_M, BLOCK):
-        raise ValueError(f"the wgmma16 forward has fixed tiles ({BLOCK_M}, {BLOCK}), got "
+    if (block_m, block_n) != tiles(d):
+        raise ValueError(f"the wgmma16 forward has fixed tiles {tiles(d)} at d={d}, got "
                          f"({block_m}, {block_n})")
 
 
 def shared_bytes(D):
-    """Bytes of shared memory the kernel for D takes on a GPU: both warpgroups' Q tiles and
+    """Bytes of shared memory the kernel for D takes on a GPU: the warpgroups' Q tiles and
     STAGES K/V blocks (64 rows x D, 16-bit)."""
-    return 2 * BLOCK * D * (WARPGROUPS + STAGES * 2)
+    return 2 * BLOCK * D * (warpgroups(D) + STAGES * 2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -90,6 +104,8 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     the launchable kernel."""
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
+    WARPGROUPS = warpgroups(D)
+    BLOCK_M, THREADS = WARPGROUPS * BLOCK, threads(D)
     TILE = BLOCK * D                          # elements of a 64-row Q, K or V tile
     Q_AT, KV_AT = 0, WARPGROUPS * TILE        # warpgroup w's Q at TILE w; K of stage b at
     NBYTES = shared_bytes(D)                  # KV_AT + 2 TILE b, its V one TILE further
@@ -103,7 +119,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     pv_product, pv_issue, pv_descriptor = pv["mma_rs"], pv["rs_issue"], pv["rs_descriptor"]
     wait_s_but_pv, _ = eng.make_wait(1, O_REGS)                   # S done, P V may still run
     wait_s_alone, wait_o = eng.make_wait(0, O_REGS)
-    stage_q = make_stage16(BLOCK_M, D, asynchronous, THREADS)   # both warpgroups' rows
+    stage_q = make_stage16(BLOCK_M, D, asynchronous, THREADS)   # every warpgroup's rows
     stage_kv = make_stage_pair(BLOCK, D, asynchronous, THREADS)   # K, then V
     pack = make_pack_half2(fmt)
     online_softmax = make_online_softmax_lazy(causal)
@@ -179,7 +195,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         for j in range(O_REGS):
             o_acc[j] = float32(0.0)
 
-        n_end = nk      # the keys of both warpgroups' rows
+        n_end = nk      # the keys of every warpgroup's rows
         if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
             last = block0 + U(BLOCK_M) + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
@@ -265,5 +281,5 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, products="wgm
     of dtype (check() first), its products on `products` ("wgmma": the wgmma16 pair; "mma":
     the mma16 pair)."""
     check(block_m, block_n, head_dim, dtype)
-    return _Launch(64 if head_dim <= 64 else 128, bool(causal), half_format(dtype),
-                   products), THREADS
+    return _Launch(padded(head_dim), bool(causal), half_format(dtype), products), \
+        threads(padded(head_dim))

@@ -32,10 +32,14 @@ def make_stage16(R, C, asynchronous, threads):
     (a multiple of 8; wgmma16.core_offset16(r, c, C)), by `threads` threads (thread index
     modulo threads)."""
     C8 = C // CHUNK
-    if R % 8 or C8 % 4 or (R * C8) % threads or threads % 32:
+    if R % 8 or C8 % 4 or threads % 32:
         raise ValueError(f"a {R} x {C} tile cannot be staged by {threads} threads in warps of "
                          f"8 rows x 4 chunks")
-    PER = R * C8 // threads       # chunks a thread moves
+    WBLOCKS = R * C8 // 32        # 8 x 4 chunk blocks, one a warp at a time
+    PER = -(-R * C8 // threads)   # chunks a thread moves, at most
+    # when the warps do not divide the blocks (3 warpgroups, a 64-row tile), the last round
+    # skips blocks past the tile; otherwise no test (the code as it was)
+    EVEN = (R * C8) % threads == 0
     BLOCKS_C = C8 // 4            # a warp's 8 x 4 chunk blocks along the chunks
     uC8 = U(C8)
 
@@ -51,6 +55,8 @@ def make_stage16(R, C, asynchronous, threads):
         tid = U(cuda.threadIdx.x) % U(threads)
         for i in range(PER):
             w = tid // U(32) + U(i * (threads // 32))
+            if not EVEN and w >= U(WBLOCKS):
+                break
             r, c, off = chunk_at(w, tid % U(32))
             row, col = row0 + r, c * U(CHUNK)
             if asynchronous:
