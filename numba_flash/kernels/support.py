@@ -147,19 +147,30 @@ SHARED_PER_BLOCK_LEAST = 101376
 
 
 REGISTERS = 65536        # 32-bit registers per SM (sm_80 and sm_90)
+REGISTER_UNIT = 256      # a warp's registers are allocated in multiples of this
+
+
+def max_registers(threads):
+    """The most registers a thread of a `threads`-thread block may take for one block to fit
+    on an SM: a warp's registers are allocated in units of 256 (REGISTER_UNIT), so the cap is
+    the warp's share rounded down to one: 128 at 512 threads, 168 at 384 (not 65536 // 384 =
+    170: 12 warps of 170 need 12 x 5632 > 65536, and mma16's forward at 384 threads failed to
+    launch so, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, H200, 2026-12-04)."""
+    warps = -(-threads // 32)
+    return REGISTERS // warps // REGISTER_UNIT * REGISTER_UNIT // 32
 
 
 def kernel_jit(threads=None):
     """cuda.jit for a kernel of `threads` threads per block: above 256 threads, with
-    max_registers = REGISTERS // threads, so that one block fits on an SM at all (ptxas takes
-    up to 255 per thread when not told, which 512 threads cannot have: the launch would fail);
-    at 256 or fewer, plain cuda.jit (the default kernels' code is as it was timed).
+    max_registers(threads), so that one block fits on an SM at all (ptxas takes up to 255 per
+    thread when not told, which 384 or 512 threads cannot have: the launch would fail); at
+    256 or fewer, plain cuda.jit (the default kernels' code is as it was timed).
     On a GPU the kernel is cached on disk across processes (cache.cached_jit; threads=None:
     no register cap, for the kernels that used to be plain @cuda.jit)."""
     if SIMULATOR:
         return cuda.jit
     if threads is not None and threads > 256:
-        return cached_jit(max_registers=REGISTERS // threads)
+        return cached_jit(max_registers=max_registers(threads))
     return cached_jit
 
 
