@@ -80,8 +80,11 @@ def test_mma16_deterministic_backward_is_reproducible_and_fits_every_sm80_gpu():
         assert x.view(np.uint16).tobytes() == y.view(np.uint16).tobytes()
 
 
+# on the simulator mma16's products are wgmma16's model (test_wgmma16 runs every SMALL case):
+# here the pair's own wiring, atomic and deterministic, on the two cheaper cases (SMALL[1], d =
+# 100 with the deterministic backward, took 85 s of CI)
 @pytest.mark.parametrize("fmt,case,deterministic", [("bfloat16", SMALL[0], False),
-                                                    ("float16", SMALL[1], True)])
+                                                    ("float16", SMALL[2], True)])
 def test_mma16_within_the_half_tolerance(fmt, case, deterministic):
     _check(fmt, *case, deterministic=deterministic, kernel="mma16")
 
