@@ -245,8 +245,9 @@ def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
 
 def test_wgmma16_deterministic_backward_is_the_widened_one():
     # no atomic-free dQ of its own yet: wgmma's deterministic backward on the widened inputs,
-    # bit for bit what kernel="wgmma" gives from the same out and lse
-    _check("bfloat16", *SMALL[0], deterministic=True)
+    # bit for bit what kernel="wgmma" gives from the same out and lse (within the tolerance on
+    # the cheapest SMALL case: d = 13, masked rows, three K/V blocks)
+    _check("bfloat16", *SMALL[2], deterministic=True)
     rng = np.random.default_rng(3)
     q, k, v, dout = (rng.standard_normal((1, 2, 40, 24)).astype(ml_dtypes.bfloat16)
                      for _ in range(4))
