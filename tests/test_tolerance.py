@@ -178,3 +178,22 @@ def test_half_backward_from_an_out_rounded_to_half_passes_where_the_gpu_fuzz_fai
     dq_exact_o = ref.flash_backward(dout32, q32, k_h, v_h, out, lse, block_m=64,
                                     block_n=64)[0].astype(np.float16)
     assert check_backward(dout, q, k, v, dq_exact_o, *grads[1:])[0].max_err < 0.3 * 0.129
+
+
+def test_allowances_need_no_kernel_run():
+    # allowed_forward / allowed_backward are the allowances check_forward / check_backward
+    # hold a kernel to on the same inputs (what the non-finite properties use for the clean
+    # problem): equal to those of a real kernel's comparisons
+    from numba_flash import flash_attention_backward, flash_attention_forward
+    from numba_flash.testing.tolerance import allowed_backward, allowed_forward
+    rng = np.random.default_rng(11)
+    q, dout = (rng.standard_normal((1, 2, 9, 8)).astype(np.float32) for _ in range(2))
+    k, v = (rng.standard_normal((1, 1, 13, 8)).astype(np.float32) for _ in range(2))
+    out, lse = flash_attention_forward(q, k, v, causal=True, kernel="rowwise")
+    fwd = check_forward(q, k, v, out, lse, causal=True)
+    assert all(c.ok for c in fwd)
+    assert allowed_forward(q, k, v, causal=True) == [c.allowed for c in fwd]
+    grads = flash_attention_backward(dout, q, k, v, out, lse, causal=True, kernel="rowwise")
+    bwd = check_backward(dout, q, k, v, *grads, causal=True)
+    assert all(c.ok for c in bwd) and all(c.allowed > 0 for c in bwd)
+    assert allowed_backward(dout, q, k, v, causal=True) == [c.allowed for c in bwd]

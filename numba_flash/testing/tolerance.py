@@ -259,6 +259,21 @@ def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None, truth
                                              t.same, t.terms, t.extras)]
 
 
+def allowed_forward(q, k, v, *, causal=False, scale=None, truth=None):
+    """[allowed for out, allowed for lse]: what check_forward holds a kernel's forward on
+    these inputs to, without a kernel run (truth compared with itself: its allowances do not
+    depend on the kernel's values)."""
+    t = truth if truth is not None else forward_truth(q, k, v, causal=causal, scale=scale)
+    return [c.allowed for c in check_forward(q, k, v, t.out, t.lse, truth=t)]
+
+
+def allowed_backward(dout, q, k, v, *, causal=False, scale=None, truth=None):
+    """[allowed for dq, dk, dv]: as allowed_forward, check_backward's allowances."""
+    t = truth if truth is not None else backward_truth(dout, q, k, v, causal=causal,
+                                                       scale=scale)
+    return [c.allowed for c in check_backward(dout, q, k, v, *t.grads, truth=t)]
+
+
 def reference_p_dp(q, k, v, dout, causal=False, scale=None, dtype=np.float64):
     """P = softmax(scale q k^T) (masked) and dP = dO v^T in `dtype`; k and v already have q's
     heads (see expand_kv)."""
