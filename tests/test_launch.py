@@ -30,6 +30,22 @@ def test_device_view_is_a_c_contiguous_array_of_its_memory():
         DeviceView(0, (3,), np.uint16).view(np.uint32)
 
 
+def test_a_launch_takes_grid_block_and_stream_only():
+    # the dynamic shared memory is the launcher's: a fourth value would be dropped silently
+    from numba import cuda
+
+    from numba_flash.kernels.launch import Launcher
+
+    @cuda.jit
+    def nothing(x):
+        pass
+    launcher = Launcher(nothing, nbytes=64)
+    with pytest.raises(ValueError, match="launcher's, 64 bytes"):
+        launcher[1, 1, 0, 128]
+    with pytest.raises(ValueError, match="got 1 values"):
+        launcher[(1,)]
+
+
 # In a child without the simulator (numba.cuda imported first): numba's own typeof, no GPU
 # needed. Equal launch keys must mean equal Numba types, else a launch would reuse a
 # specialization compiled for other types.

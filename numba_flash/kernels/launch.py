@@ -181,6 +181,10 @@ class Launcher:
         return getattr(self.kernel, name)
 
     def __getitem__(self, config):
+        if not 2 <= len(config) <= 3:
+            raise ValueError(f"launch as launcher[grid, block] or [grid, block, stream] (the "
+                             f"dynamic shared memory is the launcher's, {self.nbytes} bytes), "
+                             f"got {len(config)} values")
         grid, block, stream = (*config, 0)[:3]
 
         def launch(*args):
