@@ -158,7 +158,7 @@ def _import(x, shape, as_dtype, stream_ptr, sync=None):
         raise ValueError("a non-contiguous device array cannot be viewed with another shape")
     if sync is None:
         sync = _must_sync(desc.get("stream"), stream_ptr)
-    if sync:
+    if sync and desc.get("stream") is not None:
         from numba import cuda
         from numba.cuda import config
         if config.CUDA_ARRAY_INTERFACE_SYNC:

@@ -55,9 +55,12 @@ import numpy as np
 from numba import cuda
 from numba.cuda.typing.typeof import Purpose, typeof
 from numba_flash.kernels import launch
-values = [0, 1, -5, 2**31, 2**62, 2**63 - 1, 2**63, 2**64 - 1, 1.5, -0.0, True, False,
+values = [0, 1, -5, -2**63 + 1, 2**31, 2**62, 2**63 - 1, 2**63, 2**64 - 1, 1.5, -0.0,
+          True, False,
           np.float32(1), np.float64(2), np.int32(3), np.int64(4), np.uint16(5), np.bool_(1),
-          launch.DeviceView(256, (2, 3, 4), np.float32), launch.DeviceView(256, (12,), np.float32),
+          np.datetime64(1, "s"), np.datetime64(1, "ns"),
+          launch.DeviceView(256, (2, 3, 4), np.float32),
+          launch.DeviceView(256, (12,), np.float32),
           launch.DeviceView(512, (2, 3, 4), np.uint16), launch.DeviceView(0, (1, 1), np.float64)]
 types_of = {}
 for x in values:
@@ -76,9 +79,9 @@ def test_equal_launch_keys_mean_equal_numba_types():
     got = json.loads(out.stdout.strip().splitlines()[-1])
     assert all(len(t) == 1 for t in got["types"].values()), got["types"]
     assert set(got["layouts"]) == {"C"}
-    # ints up to 2**63 - 1 are one type (int64) and 2**63.. another (uint64): keys apart
-    assert got["types"][repr((int, True))] == ["uint64"]
-    assert got["types"][repr((int, False))] == ["int64"]
+    # ints below 2**63 are int64 and 2**63.. uint64: keys apart
+    assert got["types"][repr((int, 1))] == ["uint64"]
+    assert got["types"][repr((int, 0))] == got["types"][repr((int, -1))] == ["int64"]
 
 
 def _no_simulator_env():
@@ -157,3 +160,15 @@ def test_gpu_first_launch_from_many_threads_loads_once():
     cuda.synchronize()
     np.testing.assert_array_equal(out.copy_to_host(), np.ones(8))
     assert len(launcher._compiled) == 1
+
+
+def test_register_cap_fits_one_block_as_the_sm_allocates_registers():
+    # registers per warp in units of 256, warps counted in fours (the SM's four partitions):
+    # the cap times the block's threads, so rounded, fits in 65536 and the next unit does not
+    from numba_flash.kernels.support import max_registers
+    assert [max_registers(t) for t in (288, 320, 384, 512, 1024)] == [168, 168, 168, 128, 64]
+    for threads in range(257, 1025, 32):
+        warps = -(-threads // 32)
+        quads = -(-warps // 4) * 4
+        cap = max_registers(threads)
+        assert cap % 8 == 0 and quads * cap * 32 <= 65536 < quads * (cap + 8) * 32

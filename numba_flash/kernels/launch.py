@@ -125,9 +125,13 @@ def arg_key(a):
     if t is DeviceView:
         return (DeviceView, a.dtype, len(a.shape))
     if t is int:
-        return (int, a.bit_length() >= 64)        # intp, or uint64 from 2**63 (numba typeof)
-    if t in (float, bool) or isinstance(a, np.generic):
+        # 0 for 0 <= a < 2**63, -1 below 0 (both int64 as numba types them), 1 for uint64
+        # (2**63 <= a < 2**64), another key for what numba refuses
+        return (int, a >> 63)
+    if t in (float, bool):
         return t
+    if isinstance(a, np.generic):
+        return (t, a.dtype)                       # datetime64 units, record and string sizes
     if isinstance(a, _device_ndarray()):
         return (t, a.dtype, len(a.shape), _layout(a))
     from numba.cuda.typing.typeof import Purpose, typeof

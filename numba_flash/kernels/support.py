@@ -152,12 +152,15 @@ REGISTER_UNIT = 256      # a warp's registers are allocated in multiples of this
 
 def max_registers(threads):
     """The most registers a thread of a `threads`-thread block may take for one block to fit
-    on an SM: a warp's registers are allocated in units of 256 (REGISTER_UNIT), so the cap is
-    the warp's share rounded down to one: 128 at 512 threads, 168 at 384 (not 65536 // 384 =
-    170: 12 warps of 170 need 12 x 5632 > 65536, and mma16's forward at 384 threads failed to
-    launch so, CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, H200, 2026-12-04)."""
+    on an SM. An SM's registers are four partitions of 16384, its warps spread over them, and
+    a warp's registers are allocated in units of 256 (REGISTER_UNIT): so the block's warps
+    count as rounded up to a multiple of four, and the warp's share is rounded down to a unit
+    (CUDA's occupancy calculator, cudaOccMaxBlocksPerSMRegsLimit). 128 at 512 threads, 168 at
+    384 (not 65536 // 384 = 170: mma16's forward at 384 threads failed to launch so,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, H200, 2026-12-04), 168 at 288 or 320 too."""
     warps = -(-threads // 32)
-    return REGISTERS // warps // REGISTER_UNIT * REGISTER_UNIT // 32
+    warps = -(-warps // 4) * 4
+    return min(255, REGISTERS // warps // REGISTER_UNIT * REGISTER_UNIT // 32)
 
 
 def kernel_jit(threads=None):

@@ -95,7 +95,8 @@ def shared_bytes(D):
 
 @functools.lru_cache(maxsize=None)
 def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
-    """The kernel for head dims up to D (64 or 128): grid (ceil(Nq / 128), B*H), 256 threads,
+    """The kernel for head dims up to D (64 or 128): grid (ceil(Nq / block_m), B*H) and
+    threads(D) threads (tiles(d): 128 rows and 256 threads at D = 64, 192 and 384 at 128),
     arguments (q, k, v, out, lse, scale_log2, heads, group): q, k, v, out (B*H, N, d) uint16
     device arrays holding `fmt` ("bfloat16" or "float16") patterns, lse (B*H, Nq) float32,
     scale_log2 = scale log2(e) float32; asynchronous: tiles staged with cp.async (q, k, v
