@@ -285,7 +285,7 @@ def _mma16_can_run(d, dtype, device):
     if device == "simulator":
         return True
     major = int(device[3:-1]) if device[3:].isdigit() and len(device) >= 5 else 0
-    D = 64 if d <= 64 else 128
+    D = forward16.padded(d)
     need = max(forward16.shared_bytes(D), backward16.shared_bytes(D))
     return major >= 8 and need <= shared_per_block(device)
 

@@ -220,7 +220,7 @@ def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
                for _ in range(2))
     k, v = (rng.standard_normal((1, nk, d)).astype(np.float16).view(np.uint16)
             for _ in range(2))
-    D = 64 if d <= 64 else 128
+    D = forward16.padded(d)
     Dsum = rng.standard_normal((2, nq)).astype(np.float32)
     results = []
     for asynchronous in (True, False):

@@ -52,9 +52,7 @@ from pathlib import Path
 
 from numba import cuda
 
-from .launch import Launcher
-
-SIMULATOR = cuda.jit.__module__.startswith("numba.cuda.simulator")
+from .launch import SIMULATOR, Launcher
 
 KERNELS_DIR = Path(__file__).resolve().parent
 PACKAGE = "numba_flash"

@@ -33,6 +33,8 @@ import threading
 import numpy as np
 from numba import cuda
 
+# Which numba.cuda this process imported (fixed at its first import): the simulator's or the
+# GPU's. The kernels' modules take it from here (support, cache).
 SIMULATOR = cuda.jit.__module__.startswith("numba.cuda.simulator")
 
 # Dynamic shared memory a launch may use without opting in (CUDA's static limit too)

@@ -13,17 +13,15 @@ import numpy as np
 from numba import cuda, float32
 
 from .cache import cached_jit  # noqa: F401  (the kernels' jit: cuda.jit with the disk cache)
-from .launch import Launcher  # noqa: F401  (how every kernel is launched)
+# SIMULATOR: whether this process runs the simulator's numba.cuda; Launcher: how every kernel
+# is launched
+from .launch import SIMULATOR, Launcher  # noqa: F401
+# 48 KiB: static shared memory per block (Numba's shared arrays); more is dynamic, opted in
 from .launch import SHARED_MEMORY_BYTES  # noqa: F401
 
-# Which numba.cuda this process imported (fixed at its first import): the simulator's or the GPU's.
-SIMULATOR = cuda.jit.__module__.startswith("numba.cuda.simulator")
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 MAX_HEAD_DIM = 256
-# SHARED_MEMORY_BYTES (launch.py): static shared memory per block. Numba declares shared arrays
-# statically, and CUDA caps static shared memory at 48 KiB per block (more needs an opt-in that
-# Numba does not expose: launch.Launcher makes it for dynamic shared memory).
 
 
 def numba_type(dtype):

@@ -259,18 +259,17 @@ def check_backward(dout, q, k, v, dq, dk, dv, *, causal=False, scale=None, truth
                                              t.same, t.terms, t.extras)]
 
 
-def allowed_forward(q, k, v, *, causal=False, scale=None, truth=None):
+def allowed_forward(q, k, v, *, causal=False):
     """[allowed for out, allowed for lse]: what check_forward holds a kernel's forward on
     these inputs to, without a kernel run (truth compared with itself: its allowances do not
     depend on the kernel's values)."""
-    t = truth if truth is not None else forward_truth(q, k, v, causal=causal, scale=scale)
+    t = forward_truth(q, k, v, causal=causal)
     return [c.allowed for c in check_forward(q, k, v, t.out, t.lse, truth=t)]
 
 
-def allowed_backward(dout, q, k, v, *, causal=False, scale=None, truth=None):
+def allowed_backward(dout, q, k, v, *, causal=False):
     """[allowed for dq, dk, dv]: as allowed_forward, check_backward's allowances."""
-    t = truth if truth is not None else backward_truth(dout, q, k, v, causal=causal,
-                                                       scale=scale)
+    t = backward_truth(dout, q, k, v, causal=causal)
     return [c.allowed for c in check_backward(dout, q, k, v, *t.grads, truth=t)]
 
 
