@@ -209,10 +209,13 @@ def test_wgmma16_within_the_half_tolerance(fmt, shape_q, shape_k, causal):
     _check(fmt, shape_q, shape_k, causal)
 
 
-@pytest.mark.parametrize("d", [40, pytest.param(128, marks=pytest.mark.gpu)])
+@pytest.mark.parametrize("d", [72, pytest.param(40, marks=pytest.mark.gpu),
+                               pytest.param(128, marks=pytest.mark.gpu)])
 def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
     # the same products on the same tiles: cp.async (aligned arrays) or element by element
-    # (any view) must give the same bits, forward (out, lse) and backward (dq, dk, dv)
+    # (any view) must give the same bits, forward (out, lse) and backward (dq, dk, dv). d = 72
+    # on the simulator: three warpgroups, whose threads do not divide a tile's chunks
+    # (stage16's last round), and chunks past d staged as zeros
     from numba_flash.kernels.sm90 import backward16
     rng = np.random.default_rng(d)
     nq, nk = 100, 150

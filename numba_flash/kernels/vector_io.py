@@ -10,6 +10,8 @@ col even), for tensor-core fragments, which hold pairs of adjacent columns.
 copy16(sh, at, src, head, row, col, nbytes) starts an asynchronous copy (cp.async, sm_80 and
 newer) of the 16 bytes at src[head, row, col:] into the shared array sh at element offset `at`
 (16-byte aligned), the bytes past nbytes (0 or 16) zero: the thread goes on while the copy runs.
+copy16_at(sh, at, src, offset, nbytes) the same for the 16 bytes `offset` bytes (a uint64) into
+src's data: no index math (the pipelines work their chunks' offsets out once, stage16.make_plan).
 copies_commit() closes the thread's copies started so far into a group; make_copies_wait(n)()
 waits until at most n of the thread's groups are still running (then a block barrier, and for wgmma
 operands sm90.wgmma.fence_proxy_async, before other threads read them).
@@ -104,6 +106,15 @@ if SIMULATOR:
     @cuda.jit(device=True)
     def copy16(sh, at, src, head, row, col, nbytes):
         """At once on the simulator (element by element)."""
+        n = 16 // src.itemsize
+        for e in range(n):
+            sh[at + e] = src[head, row, col + e] if nbytes else 0
+
+    @cuda.jit(device=True)
+    def copy16_at(sh, at, src, offset, nbytes):
+        """At once on the simulator: offset taken apart by src's strides (element by element)."""
+        head, rest = offset // src.strides[0], offset % src.strides[0]
+        row, col = rest // src.strides[1], rest % src.strides[1] // src.itemsize
         n = 16 // src.itemsize
         for e in range(n):
             sh[at + e] = src[head, row, col + e] if nbytes else 0
@@ -209,6 +220,11 @@ else:
     add4 = _red_add(VECTOR)
     add2 = _red_add(2)
 
+    # cp.async of 16 bytes from generic address $1 to generic shared address $0, $2 of them
+    # read (the rest zero)
+    _COPY16 = ("{ .reg .u64 s, g; .reg .u32 d; cvta.to.shared.u64 s, $0; cvt.u32.u64 d, s; "
+               "cvta.to.global.u64 g, $1; cp.async.cg.shared.global [d], [g], 16, $2; }")
+
     @intrinsic
     def copy16(typingctx, sh, at, src, head, row, col, nbytes):
         # .cg: cached in L2 only (each tile is read once per block); src-size = nbytes zero-fills
@@ -226,12 +242,33 @@ else:
             src_ptr = builder.ptrtoint(_element_pointer(context, builder, sig.args[2:6],
                                                         args[2:6]), i64)
             size = context.cast(builder, args[6], sig.args[6], types.uint32)
-            asm = ir.InlineAsm(
-                ir.FunctionType(ir.VoidType(), [i64, i64, i32]),
-                "{ .reg .u64 s, g; .reg .u32 d; cvta.to.shared.u64 s, $0; cvt.u32.u64 d, s; "
-                "cvta.to.global.u64 g, $1; cp.async.cg.shared.global [d], [g], 16, $2; }",
-                "l,l,r,~{memory}", side_effect=True)
-            builder.call(asm, [dst, src_ptr, size])
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64, i64, i32]),
+                                      _COPY16, "l,l,r,~{memory}", side_effect=True),
+                         [dst, src_ptr, size])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def copy16_at(typingctx, sh, at, src, offset, nbytes):
+        # copy16 with the source address given as a byte offset into src's data
+        if not (_array3(src) and isinstance(sh, types.Array) and sh.dtype == src.dtype):
+            return None
+        sig = types.void(sh, at, src, offset, nbytes)
+
+        def codegen(context, builder, sig, args):
+            i32, i64 = ir.IntType(32), ir.IntType(64)
+            shared = context.make_array(sig.args[0])(context, builder, args[0])
+            offset = builder.mul(context.cast(builder, args[1], sig.args[1], types.intp),
+                                 ir.Constant(i64, sig.args[0].dtype.bitwidth // 8))
+            dst = builder.add(builder.ptrtoint(shared.data, i64), offset)
+            array = context.make_array(sig.args[2])(context, builder, args[2])
+            src_ptr = builder.add(builder.ptrtoint(array.data, i64),
+                                  context.cast(builder, args[3], sig.args[3], types.uint64))
+            size = context.cast(builder, args[4], sig.args[4], types.uint32)
+            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64, i64, i32]),
+                                      _COPY16, "l,l,r,~{memory}", side_effect=True),
+                         [dst, src_ptr, size])
             return context.get_dummy_value()
 
         return sig, codegen

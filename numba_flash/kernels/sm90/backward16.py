@@ -50,7 +50,7 @@ from ..mma16 import engine
 from ..support import (ALIGN, NEG_INF, SHARED_PER_BLOCK_LEAST, SIMULATOR, U, Launcher,
                        ceil_div, head_grid, head_index, inlined_device_function, kernel_jit,
                        make_recompute_p, simulator_launch, simulator_switch_interval)
-from ..vector_io import AlignedDispatch, add2, copies_commit, make_copies_wait
+from ..vector_io import AlignedDispatch, add2, make_copies_wait
 from ..backward import run_preprocess
 from .backward import check_tiles, run_backward as run_tf32, tiles
 from .operands import BLOCK, REGS
@@ -66,7 +66,6 @@ STAGES = 2                  # Q/dO blocks in shared memory: one computed on, the
 WARPGROUPS = 2              # consumers of each Q/dO block, 64 keys each
 BLOCK_N = WARPGROUPS * BLOCK
 THREADS = WARPGROUPS * WARPGROUP
-copies_wait_but_one = make_copies_wait(1)
 copies_wait_all = make_copies_wait(0)
 
 
@@ -293,10 +292,19 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         while step < total:
             bh = first_head + step // blocks
             m0 = m_start + (step % blocks) * uBM
-            cuda.syncthreads()              # the last Q block's tiles and lse, D are read
+            # this Q block's lse and D for every warp: the last block's were last read before
+            # the barrier above dQ in the step before
             if wg == U(0) and tid < uBM:
                 sm[U(LSE_AT) + tid] = lse_next * float32(LOG2E)
                 sm[U(DSUM_AT) + tid] = d_next
+            # this Q block's copies (and K's, V's) waited for and fenced for wgmma before the
+            # one barrier (none newer in flight: a fence waits for every copy); past it every
+            # thread's have landed, and the last block's tiles and dS are read (the stage the
+            # next block overwrites is free)
+            if asynchronous:
+                copies_wait_all()
+            fence()
+            cuda.syncthreads()
             step += U(1)
             if step < total:
                 bh1 = first_head + step // blocks
@@ -307,12 +315,6 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
                 if wg == U(0) and tid < uBM and m1 + tid < nq:
                     lse_next = lse[bh1, m1 + tid]
                     d_next = Dsum[bh1, m1 + tid]
-            elif asynchronous:
-                copies_commit()             # an empty group: "all but the newest" below
-            if asynchronous:
-                copies_wait_but_one()       # this Q block's (and K's, V's) copies have landed
-            fence()
-            cuda.syncthreads()
             q_at = U(QDO_AT) + b * U(2 * TILE)
             do_at = q_at + U(TILE)
 

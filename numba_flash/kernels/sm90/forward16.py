@@ -32,16 +32,16 @@ At the end O / l rounded to the input format (out) and lse = m c ln 2 + log l in
 import functools
 
 import numpy as np
-from numba import cuda, float32, uint16, uint32
+from numba import cuda, float32, uint16, uint32, uint64
 
 from reference.precision import half_format
 
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index,
                        inlined_device_function, kernel_jit, kv_head, simulator_launch)
-from ..vector_io import AlignedDispatch, copies_commit, make_copies_wait
+from ..vector_io import AlignedDispatch, make_copies_wait
 from .operands import BLOCK, REGS
 from .softmax import FLT_MAX, LAZY_LOG2, LOG2E, make_finish_rows, make_online_softmax_lazy
-from .stage16 import make_stage16, make_stage_pair
+from .stage16 import make_plan, make_stage16, make_stage_pair
 from ..mma16 import engine
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
 from .wgmma16 import make_pack_half2, make_wait, products16
@@ -50,7 +50,7 @@ D_MAX = 128          # head dims up to this; zero-padded to 64 or 128
 P_WORDS = REGS // 2  # P's register A fragments: its 32 entries, two to a word
 STAGES = 3           # K/V blocks in shared memory: K of this block and V of the last one
                      # read, the next block arriving
-copies_wait_but_one = make_copies_wait(1)
+copies_wait_all = make_copies_wait(0)
 
 
 def padded(d):
@@ -121,7 +121,9 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     wait_s_but_pv, _ = eng.make_wait(1, O_REGS)                   # S done, P V may still run
     wait_s_alone, wait_o = eng.make_wait(0, O_REGS)
     stage_q = make_stage16(BLOCK_M, D, asynchronous, THREADS)   # every warpgroup's rows
-    stage_kv = make_stage_pair(BLOCK, D, asynchronous, THREADS)   # K, then V
+    stage_kv = make_stage_pair(BLOCK, D, asynchronous, THREADS)   # K, then V (synchronous)
+    plan = make_plan(BLOCK, D, THREADS)                           # K, then V (cp.async)
+    PER, plan_start, plan_stage_pair = plan.PER, plan.start, plan.stage_pair
     pack = make_pack_half2(fmt)
     online_softmax = make_online_softmax_lazy(causal)
     finish_rows = make_finish_rows(base2=True)
@@ -134,18 +136,30 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             p_regs[w] = pack(s_acc[2 * w], s_acc[2 * w + 1])
 
     @inlined_device_function
-    def arrive(sh, k, v, kv, b, n1, n_end, nk, d):
-        """Block n1 - 64's tiles in stage b ready for wgmma: the next block's copies started
-        into the stage after (every warp done with what it held), this one's waited for."""
-        cuda.syncthreads()
-        if n1 < n_end:
-            stage_kv(sh, U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE), k, v, kv, n1, nk, d)
-        elif asynchronous:
-            copies_commit()                 # an empty group: "all but the newest" below
+    def stage_block(sh, at, k, v, kv, n0, nk, d, kv_at, row_bytes, rows, offsets, shared):
+        """K and V of keys n0.. into the stage at `at`: by the plan (cp.async, one group), or
+        element by element."""
         if asynchronous:
-            copies_wait_but_one()           # this block's (and Q's) copies have landed
+            plan_stage_pair(sh, at, k, v, kv_at + uint64(n0) * row_bytes, nk - n0, rows,
+                            offsets, shared)
+        else:
+            stage_kv(sh, at, k, v, kv, n0, nk, d)
+
+    @inlined_device_function
+    def arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared):
+        """Block n1 - 64's tiles in stage b ready for wgmma, then the next block's copies
+        started into the stage after. This block's copies (started a step ago; none newer:
+        a fence waits for every copy in flight) are waited for and fenced for wgmma before the
+        one barrier; past it every thread's have landed, and every warp is done with the
+        stage the next block overwrites (its last reader, P V of block n1 - 192, was waited
+        for in the step before)."""
+        if asynchronous:
+            copies_wait_all()
         fence()
         cuda.syncthreads()
+        if n1 < n_end:
+            stage_block(sh, U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE), k, v, kv, n1, nk,
+                        d, kv_at, row_bytes, rows, offsets, shared)
 
     @inlined_device_function
     def softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau, n0, row0,
@@ -172,7 +186,10 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         wg = U(cuda.threadIdx.x) // U(WARPGROUP)    # this thread's warpgroup and its rows
         tid = U(cuda.threadIdx.x) % U(WARPGROUP)
         warp, lane = tid // U(32), tid % U(32)
-        block0 = U(cuda.blockIdx.x) * U(BLOCK_M)
+        x = U(cuda.blockIdx.x)
+        if causal:      # the last query blocks see the most keys: started first (as FA2), so
+            x = U(cuda.gridDim.x) - U(1) - x        # the light ones fill the grid's tail
+        block0 = x * U(BLOCK_M)
         row0 = block0 + wg * uBM
         q_at = U(Q_AT) + wg * U(TILE)
         scratch = U(SCRATCH_AT) + wg * U(SCRATCH)
@@ -195,6 +212,14 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         tau = min(float32(LAZY_LOG2) / scale_log2, float32(FLT_MAX))
         for j in range(O_REGS):
             o_acc[j] = float32(0.0)
+        # where this thread's K / V chunks come from and go to (stage16.Plan)
+        rows = cuda.local.array(PER, uint32)
+        offsets = cuda.local.array(PER, uint32)
+        shared = cuda.local.array(PER, uint32)
+        row_bytes = uint64(k.strides[1])
+        kv_at = uint64(kv) * uint64(k.strides[0])
+        if asynchronous:
+            plan_start(rows, offsets, shared, U(k.strides[1]), d)
 
         n_end = nk      # the keys of every warpgroup's rows
         if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
@@ -210,8 +235,10 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         b = U(0)                                # this block's stage; the last one's: b_last
         if n_end > U(0):        # (a block whose rows see no key stages nothing)
             stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
-            stage_kv(sh, U(KV_AT), k, v, kv, U(0), nk, d)
-            arrive(sh, k, v, kv, b, U(BLOCK), n_end, nk, d)
+            stage_block(sh, U(KV_AT), k, v, kv, U(0), nk, d, kv_at, row_bytes, rows, offsets,
+                        shared)
+            arrive(sh, k, v, kv, b, U(BLOCK), n_end, nk, d, kv_at, row_bytes, rows, offsets,
+                   shared)
             s = wait_s_alone(s_issue(sh, q_at, U(KV_AT)))
             softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau, U(0),
                           row0, i0, i1, col_t, nq, nk)
@@ -221,7 +248,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         b = U(1)
         while n0 < n_end:
             n1 = n0 + uBM
-            arrive(sh, k, v, kv, b, n1, n_end, nk, d)
+            arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared)
             v_desc = pv_descriptor(sh, U(KV_AT) + b_last * U(2 * TILE) + U(TILE))
             s = s_issue(sh, q_at, U(KV_AT) + b * U(2 * TILE))
             pv_issue(sh, sm, o_acc, p_regs, v_desc, scratch)

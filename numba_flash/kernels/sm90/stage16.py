@@ -13,16 +13,47 @@ Two ways, chosen per launch (vector_io.AlignedDispatch): asynchronous (vector_io
 cp.async; the caller commits, waits and fences) where the arrays' data pointers and rows are
 16-byte aligned (d a multiple of 8), else synchronous element by element (any d, any view).
 Elements past the rows n or the head dim d are staged as zeros.
+
+The pipelines' tiles (K and V each block forward, Q and dO each block backward) are staged
+asynchronously by a plan (make_plan): a thread works out once where its chunks come from and go
+to, and each tile then costs it a 64-bit add, a compare and a cp.async a chunk.
 """
 
 import functools
 
-from numba import cuda, uint16
+from numba import cuda, uint16, uint32, uint64
 
 from ..support import U, inlined_device_function
-from ..vector_io import copies_commit, copy16
+from ..vector_io import copies_commit, copy16, copy16_at
 
 CHUNK = 8          # elements of a 16-byte chunk
+NO_CHUNK = 0xFFFFFFFF   # a plan's entry for a chunk slot past the tile (or a row never staged)
+
+
+def _layout(R, C, threads):
+    """(C8, WBLOCKS, PER, EVEN, BLOCKS_C) of an R x C tile staged by `threads` threads: chunks a
+    row, 8 x 4 chunk blocks (one a warp at a time), chunks a thread moves at most, whether the
+    threads divide the chunks, blocks along the chunks."""
+    C8 = C // CHUNK
+    if R % 8 or C8 % 4 or threads % 32:
+        raise ValueError(f"a {R} x {C} tile cannot be staged by {threads} threads in warps of "
+                         f"8 rows x 4 chunks")
+    return C8, R * C8 // 32, -(-R * C8 // threads), (R * C8) % threads == 0, C8 // 4
+
+
+@functools.lru_cache(maxsize=None)
+def make_chunk_at(R, C):
+    """chunk_at(w, lane): (r, c, element offset in the tile) of the chunk `lane` of warp-block w
+    of an R x C tile moves (row r, 16-byte chunk c)."""
+    C8 = C // CHUNK
+    BLOCKS_C, uC8 = C8 // 4, U(C8)
+
+    @cuda.jit(device=True)
+    def chunk_at(w, lane):
+        r = (w // U(BLOCKS_C)) * U(8) + lane % U(8)
+        c = (w % U(BLOCKS_C)) * U(4) + lane // U(8)
+        return r, c, ((r // U(8)) * uC8 + c) * U(64) + (r % U(8)) * U(CHUNK)
+    return chunk_at
 
 
 @functools.lru_cache(maxsize=None)
@@ -31,24 +62,10 @@ def make_stage16(R, C, asynchronous, threads):
     (zero past row n and column d) into the uint16 shared array sh at element offset `at`
     (a multiple of 8; wgmma16.core_offset16(r, c, C)), by `threads` threads (thread index
     modulo threads)."""
-    C8 = C // CHUNK
-    if R % 8 or C8 % 4 or threads % 32:
-        raise ValueError(f"a {R} x {C} tile cannot be staged by {threads} threads in warps of "
-                         f"8 rows x 4 chunks")
-    WBLOCKS = R * C8 // 32        # 8 x 4 chunk blocks, one a warp at a time
-    PER = -(-R * C8 // threads)   # chunks a thread moves, at most
+    _, WBLOCKS, PER, EVEN, _ = _layout(R, C, threads)
     # when the warps do not divide the blocks (3 warpgroups, a 64-row tile), the last round
     # skips blocks past the tile; otherwise no test (the code as it was)
-    EVEN = (R * C8) % threads == 0
-    BLOCKS_C = C8 // 4            # a warp's 8 x 4 chunk blocks along the chunks
-    uC8 = U(C8)
-
-    @cuda.jit(device=True)
-    def chunk_at(w, lane):
-        """(r, c, element offset in the tile) of the chunk `lane` of warp-block w moves."""
-        r = (w // U(BLOCKS_C)) * U(8) + lane % U(8)
-        c = (w % U(BLOCKS_C)) * U(4) + lane // U(8)
-        return r, c, ((r // U(8)) * uC8 + c) * U(64) + (r % U(8)) * U(CHUNK)
+    chunk_at = make_chunk_at(R, C)
 
     @cuda.jit(device=True)
     def stage(sh, at, src, head, row0, n, d):
@@ -86,3 +103,60 @@ def make_stage_pair(R, C, asynchronous, threads):
         if asynchronous:
             copies_commit()
     return stage_pair
+
+
+class Plan:
+    """The asynchronous staging of R x C tiles by `threads` threads, worked out once a thread:
+
+        rows, offsets, shared = (cuda.local.array(plan.PER, uint32) for _ in range(3))
+        plan.start(rows, offsets, shared, row_bytes, d)          # once, before the loop
+        plan.stage(sh, at, src, tile, left, rows, offsets, shared)   # a tile
+        plan.stage_pair(sh, at, x, y, tile, left, rows, offsets, shared)  # two, one group
+
+    row_bytes: the arrays' row stride in bytes (d 2 for the kernels' contiguous (B*H, N, d)
+    arrays); tile: the byte offset of the tile's first row in src (head s0 + row0 s1, a
+    uint64); left = n - row0 > 0, the rows there are (rows past it staged as zeros). x and y of
+    stage_pair share their strides (K and V, Q and dO). Slot i of a thread is its i-th chunk:
+    rows[i] its row in the tile (NO_CHUNK where its columns are past d: staged as zeros),
+    offsets[i] its bytes past the tile's first row, shared[i] its element offset in the tile
+    (NO_CHUNK: no chunk, the last round where the threads do not divide the tile)."""
+
+    def __init__(self, R, C, threads):
+        _, WBLOCKS, PER, EVEN, _ = _layout(R, C, threads)
+        self.PER = PER
+        chunk_at = make_chunk_at(R, C)
+        CH = U(CHUNK)
+
+        @cuda.jit(device=True)
+        def start(rows, offsets, shared, row_bytes, d):
+            tid = U(cuda.threadIdx.x) % U(threads)
+            for i in range(PER):
+                w = tid // U(32) + U(i * (threads // 32))
+                r, c, off = chunk_at(w, tid % U(32))
+                past = not EVEN and w >= U(WBLOCKS)
+                shared[i] = U(NO_CHUNK) if past else off
+                rows[i] = r if c * CH < d else U(NO_CHUNK)
+                offsets[i] = r * row_bytes + c * U(16)
+
+        @inlined_device_function
+        def stage(sh, at, src, tile, left, rows, offsets, shared):
+            for i in range(PER):
+                if EVEN or shared[i] != U(NO_CHUNK):
+                    ok = rows[i] < left
+                    copy16_at(sh, at + shared[i], src,
+                              tile + uint64(offsets[i]) if ok else uint64(0),
+                              U(16) if ok else U(0))
+
+        @inlined_device_function
+        def stage_pair(sh, at, x, y, tile, left, rows, offsets, shared):
+            stage(sh, at, x, tile, left, rows, offsets, shared)
+            stage(sh, at + U(R * C), y, tile, left, rows, offsets, shared)
+            copies_commit()
+
+        self.start, self.stage, self.stage_pair = start, stage, stage_pair
+
+
+@functools.lru_cache(maxsize=None)
+def make_plan(R, C, threads):
+    """The Plan of R x C tiles by `threads` threads (one a configuration)."""
+    return Plan(R, C, threads)
