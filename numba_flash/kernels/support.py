@@ -161,18 +161,17 @@ def max_registers(threads):
     return min(255, REGISTERS // warps // REGISTER_UNIT * REGISTER_UNIT // 32)
 
 
-def kernel_jit(threads=None, blocks=1):
-    """cuda.jit for a kernel of `threads` threads per block of which `blocks` must fit on an SM
-    at once: above 256 threads in all, with max_registers(blocks x threads), so that they fit
-    (ptxas takes up to 255 per thread when not told, which 384 or 512 threads cannot have: the
-    launch would fail, or a second block would not fit); at 256 or fewer, plain cuda.jit (the
-    default kernels' code is as it was timed).
+def kernel_jit(threads=None):
+    """cuda.jit for a kernel of `threads` threads per block: above 256 threads, with
+    max_registers(threads), so that one block fits on an SM at all (ptxas takes up to 255 per
+    thread when not told, which 384 or 512 threads cannot have: the launch would fail); at
+    256 or fewer, plain cuda.jit (the default kernels' code is as it was timed).
     On a GPU the kernel is cached on disk across processes (cache.cached_jit; threads=None:
     no register cap, for the kernels that used to be plain @cuda.jit)."""
     if SIMULATOR:
         return cuda.jit
-    if threads is not None and threads * blocks > 256:
-        return cached_jit(max_registers=max_registers(threads * blocks))
+    if threads is not None and threads > 256:
+        return cached_jit(max_registers=max_registers(threads))
     return cached_jit
 
 

@@ -146,23 +146,17 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             stage_kv(sh, at, k, v, kv, n0, nk, d)
 
     @inlined_device_function
-    def arrive():
-        """This block's tiles ready for wgmma: its copies (started a step ago; none newer: a
-        fence waits for every copy in flight) waited for and fenced for wgmma before the one
-        barrier. Past it every thread's have landed, and every warp is done with the stage the
-        next block overwrites (its last reader, P V of the block before last, was waited for
-        in the step before)."""
+    def arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared):
+        """Block n1 - 64's tiles in stage b ready for wgmma, then the next block's copies
+        started into the stage after. This block's copies (started a step ago; none newer:
+        a fence waits for every copy in flight) are waited for and fenced for wgmma before the
+        one barrier; past it every thread's have landed, and every warp is done with the
+        stage the next block overwrites (its last reader, P V of block n1 - 192, was waited
+        for in the step before)."""
         if asynchronous:
             copies_wait_all()
         fence()
         cuda.syncthreads()
-
-    @inlined_device_function
-    def stage_next(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared):
-        """Block n1's copies started into the stage after b (if there is a block n1): after
-        this block's products are issued, so that wgmma's fence does not wait for the copies'
-        registers to be read (ncu, 17:55: the copies issued before it cost 10 % of the stall
-        samples there at d = 64) and the copies run while the tensor core does."""
         if n1 < n_end:
             stage_block(sh, U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE), k, v, kv, n1, nk,
                         d, kv_at, row_bytes, rows, offsets, shared)
@@ -180,7 +174,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         return online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1,
                               col_t, nq, nk, scale_log2, tau)
 
-    @kernel_jit(THREADS, blocks=2 if D == 64 else 1)     # D = 64: two blocks an SM
+    @kernel_jit(THREADS)
     def forward16(q, k, v, out, lse, scale_log2, heads, group):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)     # the tiles
         sm = cuda.shared.array(0, float32, alignment=ALIGN)    # the same memory as floats
@@ -243,11 +237,9 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
             stage_block(sh, U(KV_AT), k, v, kv, U(0), nk, d, kv_at, row_bytes, rows, offsets,
                         shared)
-            arrive()
-            s = s_issue(sh, q_at, U(KV_AT))
-            stage_next(sh, k, v, kv, b, U(BLOCK), n_end, nk, d, kv_at, row_bytes, rows,
-                       offsets, shared)
-            s = wait_s_alone(s)
+            arrive(sh, k, v, kv, b, U(BLOCK), n_end, nk, d, kv_at, row_bytes, rows, offsets,
+                   shared)
+            s = wait_s_alone(s_issue(sh, q_at, U(KV_AT)))
             softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau, U(0),
                           row0, i0, i1, col_t, nq, nk)
             pack_p(p_regs, s_acc)
@@ -256,12 +248,10 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         b = U(1)
         while n0 < n_end:
             n1 = n0 + uBM
-            arrive()
+            arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared)
             v_desc = pv_descriptor(sh, U(KV_AT) + b_last * U(2 * TILE) + U(TILE))
             s = s_issue(sh, q_at, U(KV_AT) + b * U(2 * TILE))
             pv_issue(sh, sm, o_acc, p_regs, v_desc, scratch)
-            stage_next(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets,
-                       shared)
             s = wait_s_but_pv(s)
             rescaled = softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2,
                                      tau, n0, row0, i0, i1, col_t, nq, nk)
