@@ -132,8 +132,8 @@ MUTANTS = {m.name: m for m in (
     # staging the next block over this one replaces the tile before its products read it) and
     # the blocks it leaves unmasked
     Mutant("next K/V block staged over this one (wgmma16)", "forward", "sm90.forward16",
-           "stage_kv(sh, U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE)",
-           "stage_kv(sh, U(KV_AT) + b * U(2 * TILE)", _R, "wgmma16", size="simulator-blocks"),
+           "stage_block(sh, U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE)",
+           "stage_block(sh, U(KV_AT) + b * U(2 * TILE)", _R, "wgmma16", size="simulator-blocks"),
     Mutant("every block left unmasked (wgmma16)", "forward", "sm90.forward16",
            "masked = n1 > nk or (causal and n1 - U(1) + nq > row0 + nk)", "masked = False",
            _R, "wgmma16"),
@@ -144,8 +144,8 @@ MUTANTS = {m.name: m for m in (
            "float32(__import__('numpy').float16(dpt[2 * w + 1])))", _B, "wgmma16",
            simulator_only=True, regimes=("tiny dO",)),
     Mutant("next Q block staged over this one (wgmma16)", "backward", "sm90.backward16",
-           "stage_q_block(sh, U(QDO_AT) + (b ^ U(1)) * U(2 * TILE)",
-           "stage_q_block(sh, U(QDO_AT) + b * U(2 * TILE)", _B, "wgmma16",
+           "at = U(QDO_AT) + (b ^ U(1)) * U(2 * TILE)",
+           "at = U(QDO_AT) + b * U(2 * TILE)", _B, "wgmma16",
            size="simulator-blocks"),
     Mutant("D left out of dS (wgmma16)", "backward", "sm90.backward16",
            "dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])", "dpt[jj] = p * dp[jj]", _B,

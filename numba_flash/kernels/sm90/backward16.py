@@ -42,7 +42,7 @@ and P in base e; docs/performance.md).
 import functools
 
 import numpy as np
-from numba import cuda, float32, uint16, uint32
+from numba import cuda, float32, uint16, uint32, uint64
 
 from ..backward_fa2 import (check_tiles as fa2_check, run_backward as run_fa2,
                             shared_bytes as fa2_shared_bytes)
@@ -55,7 +55,7 @@ from ..backward import run_preprocess
 from .backward import check_tiles, run_backward as run_tf32, tiles
 from .operands import BLOCK, REGS
 from .softmax import LOG2E
-from .stage16 import make_stage_pair
+from .stage16 import make_plan, make_stage_pair
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
 from .wgmma16 import (core_offset16, core_offset16_host, make_pack_half2, make_unpack_half,
                       make_wait, products16)
@@ -133,6 +133,8 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     KT_PART = int(core_offset16_host(0, DQ_N, D))          # column D / 2 of the K tile
     stage_kv = make_stage_pair(BLOCK_N, D, asynchronous, THREADS)  # K, then V: tokens x d
     stage_q_block = make_stage_pair(BLOCK, D, asynchronous, THREADS)      # Q, then dO
+    plan = make_plan(BLOCK, D, THREADS)            # Q, then dO each step (cp.async)
+    PER, plan_start, plan_stage_pair = plan.PER, plan.start, plan.stage_pair
     pack = make_pack_half2(fmt)
     recompute_p = make_recompute_p(float32, causal, base2=True)   # S, lse in log2 units
     uBM = U(BLOCK)
@@ -281,6 +283,13 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         # the pipeline: K, V and the first Q block in flight; each step starts the next Q
         # block's copies (and loads its lse and D into registers) before it waits for its own
         stage_kv(sh, U(K_AT), k, v, hk, block0, nk, d)
+        # where this thread's Q / dO chunks come from and go to (stage16.Plan)
+        rows = cuda.local.array(PER, uint32)
+        offsets = cuda.local.array(PER, uint32)
+        shared = cuda.local.array(PER, uint32)
+        row_bytes, head_bytes = uint64(q.strides[1]), uint64(q.strides[0])
+        if asynchronous:
+            plan_start(rows, offsets, shared, U(q.strides[1]), d)
         lse_next, d_next = float32(NEG_INF), float32(0.0)
         if total > U(0):
             stage_q_block(sh, U(QDO_AT), q, dout, first_head, m_start, nq, d)
@@ -309,8 +318,12 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             if step < total:
                 bh1 = first_head + step // blocks
                 m1 = m_start + (step % blocks) * uBM
-                stage_q_block(sh, U(QDO_AT) + (b ^ U(1)) * U(2 * TILE), q, dout, bh1, m1, nq,
-                              d)
+                at = U(QDO_AT) + (b ^ U(1)) * U(2 * TILE)
+                if asynchronous:        # by the plan: where this thread's chunks go, once
+                    plan_stage_pair(sh, at, q, dout, uint64(bh1) * head_bytes
+                                    + uint64(m1) * row_bytes, nq - m1, rows, offsets, shared)
+                else:
+                    stage_q_block(sh, at, q, dout, bh1, m1, nq, d)
                 lse_next, d_next = float32(NEG_INF), float32(0.0)
                 if wg == U(0) and tid < uBM and m1 + tid < nq:
                     lse_next = lse[bh1, m1 + tid]
