@@ -7,7 +7,10 @@ of a 64-row block, which kept L2 70 % busy): two warpgroups (128 rows, 256 threa
 three (192 rows, 384 threads) at D = 128, the head dim zero-padded to D = 64 or 128. Q and
 STAGES = 3 K/V blocks in shared memory (sm90.stage16): K of this block and V of the last one
 are read while the next block arrives by cp.async (16-byte copies that the threads do not wait
-for; where q, k, v are not 16-byte aligned, staged synchronously instead).
+for, each thread's worked out once by a stage16.Plan; where q, k, v are not 16-byte aligned,
+staged synchronously instead). One barrier a block: this block's copies are waited for and
+fenced for wgmma before it, the next block's started after it. Under causal masking the
+query blocks run heaviest first (the last rows see the most keys).
 Per K/V block:
 
     S = Q K^T            wgmma m64n64k16, Q and K K-major (sm90.wgmma16's layout), D / 16 steps
