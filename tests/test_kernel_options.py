@@ -279,3 +279,18 @@ def test_fa2_default_tiles_fit_the_gpus_shared_memory(monkeypatch, limit):
     # what the H200's default would take is refused with the reason, not launched to fail
     with pytest.raises(ValueError, match="shared memory"):
         forward_fa2.make_forward_kernel(128, 64, 128, False, np.dtype(np.float32))
+
+
+def test_aligned_dispatch_takes_the_vector_path_only_where_grouped_arrays_share_strides():
+    # stage16.Plan addresses K and V (Q and dO) with one set of strides: a caller's views with
+    # different or negative strides must take the scalar kernel, not read the wrong rows
+    vector, scalar = object(), object()
+    kern = AlignedDispatch(vector, scalar, positions=(0, 1), same_strides=[(0, 1)])
+    k = np.zeros((2, 8, 16), np.uint16)
+    wide = np.zeros((2, 8, 32), np.uint16)[:, :, :16]     # aligned rows, a longer row stride
+    assert aligned(k) and aligned(wide) and k.strides != wide.strides
+    assert kern.pick((k, np.zeros_like(k))) is vector
+    assert kern.pick((k, wide)) is scalar
+    flipped = np.zeros((2, 8, 16), np.uint16)[:, ::-1, :]  # negative row stride
+    assert aligned(flipped) and kern.pick((flipped, flipped)) is scalar
+    assert AlignedDispatch(vector, scalar, positions=(0, 1)).pick((k, wide)) is vector

@@ -68,13 +68,23 @@ def require_aligned(positions, what):
 class AlignedDispatch:
     """A launcher, launcher[grid, block](*args), that runs `vector` (a kernel using these
     accesses) when the arguments at `positions` pass `aligned`, else `scalar` (the same kernel
-    with scalar accesses): so a caller's misaligned view still works, at scalar speed."""
+    with scalar accesses): so a caller's misaligned view still works, at scalar speed.
+    same_strides: groups of positions whose arrays the vector kernel addresses with one set of
+    strides (stage16.Plan: K and V, Q and dO); it runs only where each group's strides are
+    equal and none negative."""
 
-    def __init__(self, vector, scalar, positions):
+    def __init__(self, vector, scalar, positions, same_strides=()):
         self.vector, self.scalar, self.positions = vector, scalar, tuple(positions)
+        self.same_strides = tuple(tuple(group) for group in same_strides)
 
     def pick(self, args):
-        return self.vector if aligned(*(args[i] for i in self.positions)) else self.scalar
+        if not aligned(*(args[i] for i in self.positions)):
+            return self.scalar
+        for group in self.same_strides:
+            strides = {tuple(args[i].strides) for i in group}
+            if len(strides) > 1 or min(next(iter(strides))) < 0:
+                return self.scalar
+        return self.vector
 
     def __getitem__(self, config):
         def launch(*args):
@@ -113,6 +123,7 @@ if SIMULATOR:
     @cuda.jit(device=True)
     def copy16_at(sh, at, src, offset, nbytes):
         """At once on the simulator: offset taken apart by src's strides (element by element)."""
+        offset = int(offset)    # (a uint64 with Python ints is a float in NumPy 1.x)
         head, rest = offset // src.strides[0], offset % src.strides[0]
         row, col = rest // src.strides[1], rest % src.strides[1] // src.itemsize
         n = 16 // src.itemsize

@@ -280,8 +280,9 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             m_start = ((block0 + nq - nk) // uBM) * uBM
         blocks = (nq - m_start + uBM - U(1)) // uBM if nq > m_start else U(0)
         total = blocks * U(group)
-        # the pipeline: K, V and the first Q block in flight; each step starts the next Q
-        # block's copies (and loads its lse and D into registers) before it waits for its own
+        # the pipeline: K, V and the first Q block in flight; each step waits for its own
+        # copies (one barrier), then starts the next Q block's (and loads its lse and D into
+        # registers)
         stage_kv(sh, U(K_AT), k, v, hk, block0, nk, d)
         # where this thread's Q / dO chunks come from and go to (stage16.Plan)
         rows = cuda.local.array(PER, uint32)
@@ -383,7 +384,7 @@ def dkdv_launcher(D, causal, fmt, products="wgmma"):
     and dq are 16-byte aligned, else the synchronous one (vector_io.AlignedDispatch)."""
     return AlignedDispatch(make_dkdv_kernel(D, causal, fmt, True, products),
                            make_dkdv_kernel(D, causal, fmt, False, products),
-                           positions=(0, 1, 2, 3, 8))
+                           positions=(0, 1, 2, 3, 8), same_strides=[(0, 3)])
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal, fmt,

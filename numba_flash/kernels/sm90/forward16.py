@@ -228,8 +228,8 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
             last = block0 + U(BLOCK_M) + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
-        # the pipeline: Q and the first K/V block in flight, then each step starts the next
-        # block's copies into a free stage before it waits for its own (cp.async groups). In
+        # the pipeline: Q and the first K/V block in flight, then each step waits for its own
+        # copies (arrive: one barrier) and starts the next block's into a free stage. In
         # the tensor core, S of this block is issued, then P V of the last one, and the
         # softmax of this block runs while P V does (FlashAttention-3's overlap within a
         # warpgroup): O is rescaled by this block's alpha once P V is in. The first block
@@ -296,7 +296,7 @@ class _Launch:
     def __init__(self, D, causal, fmt, products):
         self.dispatch = AlignedDispatch(make_kernel(D, causal, fmt, True, products),
                                         make_kernel(D, causal, fmt, False, products),
-                                        positions=range(3))
+                                        positions=range(3), same_strides=[(1, 2)])
 
     def __getitem__(self, config):
         run = self.dispatch[config]
