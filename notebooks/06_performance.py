@@ -36,7 +36,7 @@
 # host), is 76–241 TFLOP/s forward (0.36–0.80× torch's FlashAttention-2 backend, 0.22–0.53×
 # cuDNN, in the same run) and 90–228 forward+backward (0.56–0.72× FlashAttention-2, 0.35–0.41×
 # cuDNN): behind at every point, furthest in the forward at d = 128 and under causal masking.
-# Since then (A/B runs at 17:41 and 18:04 UTC, `bench-ab-plan-bf16-h200-2026-12-04.json` and
+# Since then (A/B runs at 17:28 and 18:04 UTC, `bench-ab-plan-bf16-h200-2026-12-04.json` and
 # `bench-ab-plan-bwd-bf16-h200-2026-12-04.json`: two rounds each, best of two, FlashAttention-2
 # from the second; three warpgroups at d = 128, copies staged by a plan, one barrier a block,
 # `ex2.approx.ftz`, causal blocks heaviest first, the backward's Q and dO by the plan too) the
@@ -130,7 +130,7 @@ for d, causal in PANELS:
            for peer in ("torch math", "torch efficient", FA2)})
 
 # %% [markdown]
-# bfloat16, forward (top) and forward+backward (bottom): `wgmma16` now (thick: the 17:41
+# bfloat16, forward (top) and forward+backward (bottom): `wgmma16` now (thick: the 17:28
 # forward, the 18:04 forward+backward, best of two A/B rounds) and at 14:15 UTC beside torch's
 # FlashAttention-2 and cuDNN backends of the 14:15 run; in lighter lines, the 16-bit pair at
 # 11:42 (with `mma16`), 08:30, 06:18 and 03:46 UTC (forward+backward) and the widened path at
@@ -160,7 +160,7 @@ def best_of(ab, mode, rounds=("ab-new-1", "ab-new-2")):
     return {"environment": ab["runs"][rounds[-1]]["environment"], "records": list(best.values())}
 
 
-# the newest figures: the forward from the 17:41 A/B, forward+backward from the 18:04 one
+# the newest figures: the forward from the 17:28 A/B, forward+backward from the 18:04 one
 latest16 = {"fwd": best_of(plan_ab, "fwd"), "fwd+bwd": best_of(plan_bwd_ab, "fwd+bwd")}
 OURS16, MMA16, PEERS16 = "numba-flash wgmma16", "numba-flash mma16", ("torch flash", "torch cudnn")
 
@@ -175,7 +175,7 @@ fig, axes = plt.subplots(2, 4, figsize=(15, 6.4), sharey=True)
 for row, mode in enumerate(("fwd", "fwd+bwd")):
     for ax, (d, causal) in zip(axes[row], PANELS):
         lines = [(OURS16, latest16[mode], dict(color="C0", lw=2.5,
-                                               label="numba-flash wgmma16, 17:41 / 18:04 UTC")),
+                                               label="numba-flash wgmma16, 17:28 / 18:04 UTC")),
                  (OURS16, now16, dict(color="C0", label="numba-flash wgmma16, 14:15 UTC")),
                  (MMA16, lazy16, dict(color="C3", alpha=0.5,
                                       label="numba-flash mma16 (mma.sync), 11:42 UTC"))]
@@ -287,7 +287,7 @@ assert half["environment"]["date"].startswith("2026-12-04T00:29")
 widened = [curve16("numba-flash auto", "fwd+bwd", d, c, half)[n] / v for d, c in PANELS
            for n, v in curve16("torch flash", "fwd+bwd", d, c, half).items()]
 assert 0.15 < min(widened) and max(widened) < 0.20, widened
-# since then: the 17:41 and 18:04 A/B runs, best of two rounds, FlashAttention-2 beside
+# since then: the 17:28 and 18:04 A/B runs, best of two rounds, FlashAttention-2 beside
 for mode, (lo, hi), (tlo, thi) in (("fwd", (0.41, 0.995), (73, 341)),
                                    ("fwd+bwd", (0.69, 0.91), (108, 285))):
     run = latest16[mode]
