@@ -125,10 +125,8 @@ if SIMULATOR:
         """At once on the simulator: offset taken apart by src's strides (element by element)."""
         offset = int(offset)    # (a uint64 with Python ints is a float in NumPy 1.x)
         head, rest = offset // src.strides[0], offset % src.strides[0]
-        row, col = rest // src.strides[1], rest % src.strides[1] // src.itemsize
-        n = 16 // src.itemsize
-        for e in range(n):
-            sh[at + e] = src[head, row, col + e] if nbytes else 0
+        copy16(sh, at, src, head, rest // src.strides[1],
+               rest % src.strides[1] // src.itemsize, nbytes)
 
     def copies_commit():
         pass
@@ -231,10 +229,24 @@ else:
     add4 = _red_add(VECTOR)
     add2 = _red_add(2)
 
-    # cp.async of 16 bytes from generic address $1 to generic shared address $0, $2 of them
-    # read (the rest zero)
-    _COPY16 = ("{ .reg .u64 s, g; .reg .u32 d; cvta.to.shared.u64 s, $0; cvt.u32.u64 d, s; "
-               "cvta.to.global.u64 g, $1; cp.async.cg.shared.global [d], [g], 16, $2; }")
+    def _emit_copy16(context, builder, sig, args, source):
+        """cp.async of the 16 bytes at the generic address source() emits (an i64) into the
+        shared array args[0] at element offset args[1], the last argument's count of them read
+        (the rest zero)."""
+        i32, i64 = ir.IntType(32), ir.IntType(64)
+        shared = context.make_array(sig.args[0])(context, builder, args[0])
+        offset = builder.mul(context.cast(builder, args[1], sig.args[1], types.intp),
+                             ir.Constant(i64, sig.args[0].dtype.bitwidth // 8))
+        dst = builder.add(builder.ptrtoint(shared.data, i64), offset)
+        src_ptr = source()
+        size = context.cast(builder, args[-1], sig.args[-1], types.uint32)
+        asm = ir.InlineAsm(
+            ir.FunctionType(ir.VoidType(), [i64, i64, i32]),
+            "{ .reg .u64 s, g; .reg .u32 d; cvta.to.shared.u64 s, $0; cvt.u32.u64 d, s; "
+            "cvta.to.global.u64 g, $1; cp.async.cg.shared.global [d], [g], 16, $2; }",
+            "l,l,r,~{memory}", side_effect=True)
+        builder.call(asm, [dst, src_ptr, size])
+        return context.get_dummy_value()
 
     @intrinsic
     def copy16(typingctx, sh, at, src, head, row, col, nbytes):
@@ -245,18 +257,8 @@ else:
         sig = types.void(sh, at, src, head, row, col, nbytes)
 
         def codegen(context, builder, sig, args):
-            i32, i64 = ir.IntType(32), ir.IntType(64)
-            shared = context.make_array(sig.args[0])(context, builder, args[0])
-            offset = builder.mul(context.cast(builder, args[1], sig.args[1], types.intp),
-                                 ir.Constant(i64, sig.args[0].dtype.bitwidth // 8))
-            dst = builder.add(builder.ptrtoint(shared.data, i64), offset)
-            src_ptr = builder.ptrtoint(_element_pointer(context, builder, sig.args[2:6],
-                                                        args[2:6]), i64)
-            size = context.cast(builder, args[6], sig.args[6], types.uint32)
-            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64, i64, i32]),
-                                      _COPY16, "l,l,r,~{memory}", side_effect=True),
-                         [dst, src_ptr, size])
-            return context.get_dummy_value()
+            return _emit_copy16(context, builder, sig, args, lambda: builder.ptrtoint(
+                _element_pointer(context, builder, sig.args[2:6], args[2:6]), ir.IntType(64)))
 
         return sig, codegen
 
@@ -268,19 +270,11 @@ else:
         sig = types.void(sh, at, src, offset, nbytes)
 
         def codegen(context, builder, sig, args):
-            i32, i64 = ir.IntType(32), ir.IntType(64)
-            shared = context.make_array(sig.args[0])(context, builder, args[0])
-            offset = builder.mul(context.cast(builder, args[1], sig.args[1], types.intp),
-                                 ir.Constant(i64, sig.args[0].dtype.bitwidth // 8))
-            dst = builder.add(builder.ptrtoint(shared.data, i64), offset)
-            array = context.make_array(sig.args[2])(context, builder, args[2])
-            src_ptr = builder.add(builder.ptrtoint(array.data, i64),
-                                  context.cast(builder, args[3], sig.args[3], types.uint64))
-            size = context.cast(builder, args[4], sig.args[4], types.uint32)
-            builder.call(ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i64, i64, i32]),
-                                      _COPY16, "l,l,r,~{memory}", side_effect=True),
-                         [dst, src_ptr, size])
-            return context.get_dummy_value()
+            def source():
+                array = context.make_array(sig.args[2])(context, builder, args[2])
+                return builder.add(builder.ptrtoint(array.data, ir.IntType(64)),
+                                   context.cast(builder, args[3], sig.args[3], types.uint64))
+            return _emit_copy16(context, builder, sig, args, source)
 
         return sig, codegen
 

@@ -21,7 +21,7 @@ to, and each tile then costs it a 64-bit add, a compare and a cp.async a chunk.
 
 import functools
 
-from numba import cuda, uint16, uint32, uint64
+from numba import cuda, uint16, uint64
 
 from ..support import U, inlined_device_function
 from ..vector_io import copies_commit, copy16, copy16_at
