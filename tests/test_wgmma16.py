@@ -191,9 +191,11 @@ def _check(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0, deterministi
 
 
 # simulator sizes: a head dim in each padding (64, 128), Nq != Nk, GQA, masked rows (causal,
-# Nq > Nk), more than one K/V block
+# Nq > Nk), more than one K/V block, and a causal block whose first warpgroup's rows see
+# fewer K/V blocks than the block stages (100 x 160: keys 0..123 for rows 0..63, 0..159
+# staged for rows 64..99)
 SMALL = [((1, 2, 70, 40), (1, 2, 50, 40), True), ((1, 4, 33, 100), (1, 2, 80, 100), False),
-         ((2, 1, 9, 13), (2, 1, 130, 13), True)]
+         ((2, 1, 100, 13), (2, 1, 160, 13), True)]
 # GPU sizes (q shape, k shape, causal, logit scale): Nq != Nk, GQA, both paddings, large
 # logits, and d % 8 != 0 (the synchronous staging)
 REAL = [((2, 4, 1000, 64), (2, 4, 1000, 64), False, 1.0),

@@ -224,10 +224,13 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         if asynchronous:
             plan_start(rows, offsets, shared, U(k.strides[1]), d)
 
-        n_end = nk      # the keys of every warpgroup's rows
+        n_end = nk      # the keys of every warpgroup's rows: the blocks staged
+        n_wg = nk       # the keys of this warpgroup's rows: the blocks it computes
         if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
             last = block0 + U(BLOCK_M) + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
+            last = row0 + uBM + nk
+            n_wg = min(n_end, last - nq) if last > nq else U(0)
         # the pipeline: Q and the first K/V block in flight, then each step waits for its own
         # copies (arrive: one barrier) and starts the next block's into a free stage. In
         # the tensor core, S of this block is issued, then P V of the last one, and the
@@ -235,6 +238,8 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         # warpgroup): O is rescaled by this block's alpha once P V is in. The first block
         # (no P V before it) is peeled off the loop, and P V of the last block follows it:
         # no branch between the two issues (ptxas serializes wgmma across one, C7513).
+        # Causal: a warpgroup computes the blocks its own rows see (n_wg), then only helps
+        # stage the rest of the block's (n_end) for the warpgroups below the diagonal.
         b = U(0)                                # this block's stage; the last one's: b_last
         if n_end > U(0):        # (a block whose rows see no key stages nothing)
             stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
@@ -242,14 +247,15 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
                         shared)
             arrive(sh, k, v, kv, b, U(BLOCK), n_end, nk, d, kv_at, row_bytes, rows, offsets,
                    shared)
-            s = wait_s_alone(s_issue(sh, q_at, U(KV_AT)))
-            softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau, U(0),
-                          row0, i0, i1, col_t, nq, nk)
-            pack_p(p_regs, s_acc)
+            if n_wg > U(0):
+                s = wait_s_alone(s_issue(sh, q_at, U(KV_AT)))
+                softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau,
+                              U(0), row0, i0, i1, col_t, nq, nk)
+                pack_p(p_regs, s_acc)
         n0 = U(BLOCK)
         b_last = b
         b = U(1)
-        while n0 < n_end:
+        while n0 < n_wg:
             n1 = n0 + uBM
             arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared)
             v_desc = pv_descriptor(sh, U(KV_AT) + b_last * U(2 * TILE) + U(TILE))
@@ -266,9 +272,14 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             n0 = n1
             b_last = b
             b = (b + U(1)) % U(STAGES)
-        if n_end > U(0):
+        if n_wg > U(0):     # (waited for: past it this warpgroup reads no stage)
             pv_product(sh, sm, o_acc, p_regs, U(KV_AT) + b_last * U(2 * TILE) + U(TILE),
                        scratch)
+        while n0 < n_end:   # causal: blocks past this warpgroup's rows, staged for the others
+            arrive(sh, k, v, kv, b, n0 + uBM, n_end, nk, d, kv_at, row_bytes, rows, offsets,
+                   shared)
+            n0 += uBM
+            b = (b + U(1)) % U(STAGES)
 
         for h in range(2):
             m[h] *= scale_log2              # lse in units of log2: m c

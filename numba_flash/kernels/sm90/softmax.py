@@ -36,18 +36,31 @@ def row_max_fn(causal):
     """row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk): the masked row max of a tile over
     the thread's 16 entries of each of its two rows (masked entries set to -inf in s_acc)."""
     @inlined_device_function
+    def visible_end(i, nq, nk):
+        """The keys row i sees are those below this: nk, or causal min(nk, i + nk - nq + 1)
+        (key j visible iff j + nq <= i + nk; 0 for a row that sees none). Unsigned: i + nk + 1
+        stays below 2^32 (api.MAX_LENGTH)."""
+        if not causal:
+            return nk
+        t = i + nk + U(1)
+        return min(t - nq, nk) if t > nq else U(0)
+
+    @inlined_device_function
     def row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk):
+        if masked:
+            # one compare and a select an entry against the row's bound: the test written
+            # per entry as `key >= nk or (causal and key + nq > i + nk)` compiled to a
+            # branch an entry (ptxas's BSSY / BSYNC), in every block of the causal kernels
+            end0, end1 = visible_end(i0, nq, nk), visible_end(i1, nq, nk)
+            for nt in range(REGS // 4):
+                for e in range(4):
+                    j = 4 * nt + e
+                    key = n0 + U(8 * nt + e % 2) + col_t
+                    s_acc[j] = s_acc[j] if key < (end1 if e // 2 else end0) else float32(NEG_INF)
         mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
         for nt in range(REGS // 4):
             for e in range(4):
-                j = 4 * nt + e
-                x = s_acc[j]
-                if masked:
-                    key = n0 + U(8 * nt + e % 2) + col_t
-                    i = i1 if e // 2 else i0
-                    if key >= nk or (causal and key + nq > i + nk):
-                        x = float32(NEG_INF)
-                    s_acc[j] = x
+                x = s_acc[4 * nt + e]
                 if e // 2:
                     mx1 = max(mx1, x)
                 else:
