@@ -172,3 +172,29 @@ def test_register_cap_fits_one_block_as_the_sm_allocates_registers():
         quads = -(-warps // 4) * 4
         cap = max_registers(threads)
         assert cap % 8 == 0 and quads * cap * 32 <= 65536 < quads * (cap + 8) * 32
+
+
+@pytest.mark.gpu
+def test_gpu_torch_tensors_are_read_as_their_interface_describes_them():
+    # arrays._torch_view reads a torch tensor without its __cuda_array_interface__: the same
+    # pointer, dtype and (viewed) shape as the interface gives, and None (the interface's path,
+    # with its errors) for tensors it does not take as they are
+    torch = pytest.importorskip("torch")
+    from numba_flash import arrays
+    for dtype in (torch.float16, torch.float32, torch.float64, torch.int16):
+        x = torch.arange(48, device="cuda").reshape(2, 3, 8).to(dtype)
+        desc = x.__cuda_array_interface__
+        view = arrays._torch_view(x, (6, 8), None)
+        assert (view.ptr, view.shape, view.dtype) == (desc["data"][0], (6, 8),
+                                                      np.dtype(desc["typestr"]))
+        assert view.owner is x
+        same = arrays._import(x, (6, 8), None, 0)
+        assert (same.ptr, same.shape, same.dtype) == (view.ptr, view.shape, view.dtype)
+    half = torch.zeros(4, 8, device="cuda", dtype=torch.float16)
+    assert arrays._torch_view(half, (4, 8), np.uint16).dtype == np.uint16
+    assert arrays._torch_view(half, (4, 8), np.float32) is None        # another item size
+    assert arrays._torch_view(half, (8, 8), None) is None               # another size
+    assert arrays._torch_view(half.t(), (8, 4), None) is None           # not contiguous
+    assert arrays._torch_view(half.float().requires_grad_(), (4, 8), None) is None
+    with pytest.raises(ValueError):
+        arrays._import(half, (4, 8), np.float32, 0)

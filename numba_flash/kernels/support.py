@@ -342,15 +342,9 @@ def make_recompute_p(T, causal, base2=False):
     def recompute_p(s_ij, lse_i, i, j, nq, nk):
         """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk), 0
         elsewhere and on rows that saw no key (lse = -inf)."""
-        # the tests combined without short-circuits and exp taken for every entry, then
-        # selected: `a and b and ...` compiled to a branch an entry. The simulator's
-        # math.exp raises OverflowError past 709 (a masked entry's S - lse may be), so there
-        # exp is taken where visible only
-        visible = (i < nq) & (j < nk) & (lse_i != T(NEG_INF))
-        if causal:
-            visible = visible & (j + nq <= i + nk)
-        p = exp(s_ij - lse_i) if visible or not SIMULATOR else T(0.0)
-        return p if visible else T(0.0)
+        if i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF):
+            return exp(s_ij - lse_i)
+        return T(0.0)
     # on the simulator a plain function: no lock per call (device_function)
     return recompute_p if SIMULATOR else cuda.jit(device=True, forceinline=True)(recompute_p)
 

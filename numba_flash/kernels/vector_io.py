@@ -29,6 +29,7 @@ import functools
 
 from numba import cuda
 
+from .launch import DeviceView
 from .support import SIMULATOR
 
 VECTOR = 4
@@ -41,8 +42,12 @@ def aligned(*arrays):
     row contiguous and a whole number of 16 bytes long (so a 16-byte access at a multiple of
     16 bytes never reaches past the row's last element: a view d < its parent's width fails)."""
     for a in arrays:
-        ptr = a.__cuda_array_interface__["data"][0] if hasattr(a, "__cuda_array_interface__") \
-            else a.ctypes.data
+        if type(a) is DeviceView:       # (its interface is a dict made per read)
+            ptr = a.ptr
+        elif hasattr(a, "__cuda_array_interface__"):
+            ptr = a.__cuda_array_interface__["data"][0]
+        else:
+            ptr = a.ctypes.data
         if ptr % ALIGN_BYTES:
             return False
         last = a.ndim - 1       # (the simulator's shapes take no negative index)
