@@ -10,7 +10,8 @@ are read while the next block arrives by cp.async (16-byte copies that the threa
 for, each thread's worked out once by a stage16.Plan; where q, k, v are not 16-byte aligned,
 staged synchronously instead). One barrier a block: this block's copies are waited for and
 fenced for wgmma before it, the next block's started after it. Under causal masking the
-query blocks run heaviest first (the last rows see the most keys).
+query blocks run heaviest first (the last rows see the most keys), and a warpgroup computes
+only the K/V blocks its own rows see, staging the rest for the warpgroups below it.
 Per K/V block:
 
     S = Q K^T            wgmma m64n64k16, Q and K K-major (sm90.wgmma16's layout), D / 16 steps
@@ -275,11 +276,12 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         if n_wg > U(0):     # (waited for: past it this warpgroup reads no stage)
             pv_product(sh, sm, o_acc, p_regs, U(KV_AT) + b_last * U(2 * TILE) + U(TILE),
                        scratch)
-        while n0 < n_end:   # causal: blocks past this warpgroup's rows, staged for the others
-            arrive(sh, k, v, kv, b, n0 + uBM, n_end, nk, d, kv_at, row_bytes, rows, offsets,
-                   shared)
-            n0 += uBM
-            b = (b + U(1)) % U(STAGES)
+        if causal:          # blocks past this warpgroup's rows, staged for the others
+            while n0 < n_end:
+                arrive(sh, k, v, kv, b, n0 + uBM, n_end, nk, d, kv_at, row_bytes, rows,
+                       offsets, shared)
+                n0 += uBM
+                b = (b + U(1)) % U(STAGES)
 
         for h in range(2):
             m[h] *= scale_log2              # lse in units of log2: m c

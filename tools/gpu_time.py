@@ -1,0 +1,99 @@
+"""GPU time a call of a numba-flash pair beside a torch SDPA backend on the same inputs, host
+time left out: torch.profiler's device activity of `reps` calls (every kernel a call launches,
+summed) divided by reps. The bench (`numba-flash bench`) times synchronized calls, so it pays
+each call's host work as well; at N = 1k that host work is a third to a half of a call on the
+H200's machine and swings ±30 % between processes (docs/performance.md, 2026-12-04), which
+hides kernel changes of a few percent. This shows them.
+
+    python tools/gpu_time.py                                          # wgmma16 vs FA2, bf16, forward
+    python tools/gpu_time.py --dtype float32 --kernel wgmma --peer efficient --n 4096
+    python tools/gpu_time.py --mode fwd+bwd --json out.json
+
+The grid is the benchmark's (B = 16384 / N, H = 2048 / d), d 64 and 128, causal off and on;
+TFLOP/s counted as the bench counts them (forward 4 B H N^2 d, halved under causal masking,
+forward+backward 3.5x).
+"""
+
+import argparse
+import json
+
+
+def device_ms(f, reps):
+    """Milliseconds of device activity a call of f, after two warm calls."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    f()
+    f()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(reps):
+            f()
+        torch.cuda.synchronize()
+    us = sum(getattr(e, "self_device_time_total", None) or getattr(e, "self_cuda_time_total", 0)
+             for e in prof.key_averages())
+    return us / reps / 1e3
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernel", default="wgmma16", help="a registered pair (default wgmma16)")
+    ap.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
+    ap.add_argument("--peer", default="flash", choices=("flash", "efficient", "cudnn"),
+                    help="torch SDPA backend beside it (flash: FlashAttention-2; half only)")
+    ap.add_argument("--mode", default="fwd", choices=("fwd", "fwd+bwd"))
+    ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--json", help="write the rows here (after each one)")
+    args = ap.parse_args(argv)
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from numba_flash import flash_attention_backward, flash_attention_forward
+
+    backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+               "cudnn": SDPBackend.CUDNN_ATTENTION}[args.peer]
+    dt, backward = getattr(torch, args.dtype), args.mode == "fwd+bwd"
+    rows = []
+    print(f"{args.kernel} beside torch {args.peer}, {args.dtype}, {args.mode}, on "
+          f"{torch.cuda.get_device_name()}: GPU ms a call (TFLOP/s)")
+    for d in (64, 128):
+        for n in args.n:
+            for causal in (False, True):
+                b, h = max(1, 16384 // n), max(1, 2048 // d)
+                q, k, v, do = (torch.randn(b, h, n, d, device="cuda", dtype=dt)
+                               for _ in range(4))
+                flops = 4 * b * h * n * n * d / (2 if causal else 1) * (3.5 if backward else 1)
+
+                def ours():
+                    o, lse = flash_attention_forward(q, k, v, causal=causal, kernel=args.kernel)
+                    if backward:
+                        flash_attention_backward(do, q, k, v, o, lse, causal=causal,
+                                                 kernel=args.kernel)
+
+                qg, kg, vg = (x.detach().requires_grad_(backward) for x in (q, k, v))
+
+                def theirs():
+                    with sdpa_kernel(backend):
+                        o = F.scaled_dot_product_attention(qg, kg, vg, is_causal=causal)
+                        if backward:
+                            o.backward(do)
+
+                reps = max(3, 20 * 1024 // n)
+                r = dict(d=d, N=n, causal=causal, dtype=args.dtype, mode=args.mode)
+                for name, f in (("ours", ours), ("peer", theirs)):
+                    r[name + "_ms"] = device_ms(f, reps)
+                    r[name + "_tflops"] = flops / r[name + "_ms"] / 1e9
+                rows.append(r)
+                print(f"d={d:3d} N={n:6d} causal={causal!s:5s} {args.kernel} {r['ours_ms']:.3f} "
+                      f"({r['ours_tflops']:.1f})  {args.peer} {r['peer_ms']:.3f} "
+                      f"({r['peer_tflops']:.1f})  ratio {r['peer_ms'] / r['ours_ms']:.2f}",
+                      flush=True)
+                if args.json:
+                    with open(args.json, "w") as f:
+                        json.dump(dict(kernel=args.kernel, peer=args.peer, rows=rows), f,
+                                  indent=1)
+
+
+if __name__ == "__main__":
+    main()
