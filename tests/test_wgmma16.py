@@ -191,11 +191,9 @@ def _check(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0, deterministi
 
 
 # simulator sizes: a head dim in each padding (64, 128), Nq != Nk, GQA, masked rows (causal,
-# Nq > Nk), more than one K/V block, and a causal block whose first warpgroup's rows see
-# fewer K/V blocks than the block stages (100 x 160: keys 0..123 for rows 0..63, 0..159
-# staged for rows 64..99)
+# Nq > Nk), more than one K/V block
 SMALL = [((1, 2, 70, 40), (1, 2, 50, 40), True), ((1, 4, 33, 100), (1, 2, 80, 100), False),
-         ((2, 1, 100, 13), (2, 1, 160, 13), True)]
+         ((2, 1, 9, 13), (2, 1, 130, 13), True)]
 # GPU sizes (q shape, k shape, causal, logit scale): Nq != Nk, GQA, both paddings, large
 # logits, and d % 8 != 0 (the synchronous staging)
 REAL = [((2, 4, 1000, 64), (2, 4, 1000, 64), False, 1.0),
@@ -209,6 +207,15 @@ REAL = [((2, 4, 1000, 64), (2, 4, 1000, 64), False, 1.0),
 @pytest.mark.parametrize("shape_q,shape_k,causal", SMALL)
 def test_wgmma16_within_the_half_tolerance(fmt, shape_q, shape_k, causal):
     _check(fmt, shape_q, shape_k, causal)
+
+
+# causal blocks whose warpgroups see fewer K/V blocks than the block stages (forward16's n_wg):
+# 100 x 160, keys 0..123 for rows 0..63 (two blocks), 0..159 staged for rows 64..99; 250 x 20,
+# the second block's first warpgroup (rows 128..191) sees none and only stages for the second
+@pytest.mark.parametrize("shape_q,shape_k", [((2, 1, 100, 13), (2, 1, 160, 13)),
+                                             ((2, 1, 250, 13), (2, 1, 20, 13))])
+def test_wgmma16_causal_warpgroups_stop_at_their_own_diagonal(shape_q, shape_k):
+    _check("bfloat16", shape_q, shape_k, True)
 
 
 @pytest.mark.parametrize("d", [72, pytest.param(40, marks=pytest.mark.gpu),

@@ -39,8 +39,9 @@ def row_max_fn(causal):
     @inlined_device_function
     def visible_end(i, nq, nk):
         """Causal: the keys row i sees are those below min(nk, i + nk - nq + 1) (key j visible
-        iff j + nq <= i + nk; 0 for a row that sees none). Unsigned: i + nk + 1 stays below
-        2^32 (api.MAX_LENGTH)."""
+        iff j + nq <= i + nk; 0 for a row that sees none). Unsigned: for a row below nq,
+        i + nk + 1 < nq + nk < 2^32 (api.MAX_LENGTH); a padding row's may wrap near 2^32, but
+        its entries are never stored."""
         t = i + nk + U(1)
         return min(t - nq, nk) if t > nq else U(0)
 
