@@ -184,28 +184,28 @@ def d_is_rowsum_of_p_dp(kernel, p):
                             extra=o_err)])
 
 
-NON_FINITE = ("NaN in q", "NaN in k", "inf in q", "inf in k")
+NON_FINITE = ("NaN in q", "NaN in k", "NaN in v", "inf in q", "inf in k", "inf in v")
 
 
 def _non_finite_inputs(p, kinds=NON_FINITE):
-    """(kind, clean q, k, v, dout, q and k with non-finite entries): ordinary N(0, 1) data of
-    p's shapes, then one of `kinds` (by p's seed) in one row: NaN, or +-inf, in a few of its
-    entries. Under causal masking only key rows every query sees (j <= Nk - Nq) get one, so
-    that a masked key never meets one."""
+    """(kind, clean q, k, v, dout, q, k and v with non-finite entries): ordinary N(0, 1) data
+    of p's shapes, then one of `kinds` (by p's seed) in one row: NaN, or +-inf, in a few of
+    its entries. Under causal masking only key rows every query sees (j <= Nk - Nq) get one
+    (in k or v), so that a masked key never meets one."""
     rng = np.random.default_rng(p.seed)
     q, k, v, dout = logits_regime("ordinary", p.B, p.H, p.Hk, p.Nq, p.Nk, p.d,
                                   np.dtype(p.dtype), p.seed)
     visible = p.Nk - p.Nq + 1 if p.causal else p.Nk       # keys every query row sees
     kinds = [kd for kd in kinds if kd.endswith("q") or visible >= 1]
     kind = kinds[rng.integers(len(kinds))]
-    bad_q, bad_k = q.copy(), k.copy()
-    x = bad_q if kind.endswith("q") else bad_k
+    bad = {"q": q.copy(), "k": k.copy(), "v": v.copy()}
+    x = bad[kind[-1]]
     b, h = rng.integers(x.shape[0]), rng.integers(x.shape[1])
     row = rng.integers(x.shape[2] if kind.endswith("q") else visible)
     cols = rng.choice(p.d, size=rng.integers(1, min(p.d, 3) + 1), replace=False)
     x[b, h, row, cols] = (np.nan if kind.startswith("NaN")
                           else rng.choice([-np.inf, np.inf], size=len(cols)))
-    return kind, q, k, v, dout, bad_q, bad_k
+    return kind, q, k, v, dout, bad["q"], bad["k"], bad["v"]
 
 
 def _pattern(name, got, truth, nan_allowed):
@@ -246,17 +246,18 @@ def _truth64(q, k, v, causal, dout=None):
 
 
 def non_finite_forward(kernel, p):
-    """A NaN or an inf in q or k: out and lse NaN exactly where float64 standard attention on
-    the same inputs is NaN (a NaN or +inf logit), lse -inf only where a row sees no key (a
-    -inf logit is a masked key), and the finite rows within the clean problem's allowance."""
+    """A NaN or an inf in q, k or v: out and lse NaN exactly where float64 standard attention
+    on the same inputs is NaN (a NaN or +inf logit, a NaN in a visible value row) and +-inf
+    where it is (an inf in a visible value row), lse -inf only where a row sees no key (a -inf
+    logit is a masked key), and the finite rows within the clean problem's allowance."""
     from .. import registry
-    kind, q, k, v, _, bad_q, bad_k = _non_finite_inputs(p)
+    kind, q, k, v, _, bad_q, bad_k, bad_v = _non_finite_inputs(p)
     nan_ok = kind.startswith("inf") and not registry.resolve(kernel, p.d, p.dtype).exact_infinities
     # the clean problem's allowances (its agreement is "forward agrees"' to check)
     allowed = allowed_forward(q, k, v, causal=p.causal)
     with np.errstate(all="ignore"):
-        out, lse = _forward(kernel, p, bad_q, bad_k, v, tiles=False)
-    t_out, t_lse = _truth64(bad_q, bad_k, v, p.causal)
+        out, lse = _forward(kernel, p, bad_q, bad_k, bad_v, tiles=False)
+    t_out, t_lse = _truth64(bad_q, bad_k, bad_v, p.causal)
     return Outcome("non-finite inputs (forward)", kernel, p, [
         _pattern(f"out [{kind}]", out, t_out, nan_ok), _pattern(f"lse [{kind}]", lse, t_lse, nan_ok),
         _finite_part("out", out, t_out, 2 * allowed[0]),
@@ -270,14 +271,14 @@ def non_finite_backward(kernel, p):
     from .. import registry
     if p.causal:
         return None
-    kind, q, k, v, dout, bad_q, bad_k = _non_finite_inputs(p)
+    kind, q, k, v, dout, bad_q, bad_k, bad_v = _non_finite_inputs(p)
     nan_ok = kind.startswith("inf") and not registry.resolve(kernel, p.d, p.dtype).exact_infinities
     allowed = allowed_backward(dout, q, k, v)   # the clean problem's ("backward agrees"')
     with np.errstate(all="ignore"):
-        out, lse = flash_attention_forward(bad_q, bad_k, v, kernel=kernel)
-        grads = flash_attention_backward(dout, bad_q, bad_k, v, out, lse, kernel=kernel,
+        out, lse = flash_attention_forward(bad_q, bad_k, bad_v, kernel=kernel)
+        grads = flash_attention_backward(dout, bad_q, bad_k, bad_v, out, lse, kernel=kernel,
                                          block_m=p.block_m, block_n=p.block_n)
-    truth = _truth64(bad_q, bad_k, v, False, dout)
+    truth = _truth64(bad_q, bad_k, bad_v, False, dout)
     checks = []
     for name, g, t, a in zip(("dq", "dk", "dv"), grads, truth, allowed):
         checks += [_pattern(f"{name} [{kind}]", g, t, nan_ok), _finite_part(name, g, t, 2 * a)]
