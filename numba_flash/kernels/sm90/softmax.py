@@ -69,9 +69,9 @@ def row_max_fn(causal):
 
     @inlined_device_function
     def row_max(s_acc, masked, n0, i0, i1, col_t, nq, nk):
-        # unmasked kernels keep the one-loop form (one compare an entry, no branch): with the
-        # two-loop form above the unmasked forward16 ran 0.97-0.99x at d = 64 (GPU time,
-        # tools/gpu_time.py, 2026-12-04)
+        # unmasked kernels keep the one-loop form (one compare an entry, no branch): a tree
+        # with the two-loop form above in them (and forward16's causal-only loop compiled in,
+        # dead) ran them 0.97-0.99x at d = 64 (GPU time, tools/gpu_time.py, 2026-12-04)
         mx0, mx1 = float32(NEG_INF), float32(NEG_INF)
         for nt in range(REGS // 4):
             for e in range(4):
