@@ -184,6 +184,67 @@ def _narrowed(d_x, p, like, stream):
     return narrow
 
 
+# The calls' memo. Every check above reads of an array only its class, dtype and shape (and,
+# of a device array, its device and C-contiguity), and the registry answers from d, the dtype,
+# the device and what is registered: so a call whose arrays and options match, in exactly
+# those, one that passed its checks before passes them again and resolves to the same pair
+# and tiles. Such a call skips them (`_recall`): under cProfile, _validate and
+# registry.resolve were about a quarter of a forward's host time on the H200's host
+# (tools/call_time.py --profile, 2026-12-04). NumPy arrays and torch tensors are keyed; other
+# kinds are checked at every call.
+MEMO_ENTRIES = 1024
+_memo = {}
+
+
+def _array_key(x):
+    """What the checks read of x, hashable: class, dtype and shape of a NumPy array; of a
+    torch tensor also whether it is on a CUDA device, which one, and whether it is
+    C-contiguous; None for other kinds."""
+    t = type(x)
+    if t is np.ndarray:
+        return t, x.dtype, x.shape
+    if arrays.kind_of(x) == "torch":
+        return t, x.dtype, x.shape, x.is_cuda, x.get_device(), x.is_contiguous()
+    return None
+
+
+def _memo_key(xs, options):
+    """The memo's key of a call on arrays xs (q first) with `options` (values and their
+    types: 1 and True are not one scale): None when an array is of a kind not keyed or an
+    option is unhashable. NumPy inputs run on the current device, which the key names; a
+    tensor's key names its own. The registry's generation ends a key when register or
+    unregister changes what a name resolves to."""
+    keys = tuple(map(_array_key, xs))
+    if None in keys:
+        return None
+    device = registry.current_device() if type(xs[0]) is np.ndarray else None
+    key = (keys, options, device, registry.generation())
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _recall(key):
+    """The (Shapes, pair, block_m, block_n) remembered for key, or None."""
+    if key is None:
+        return None
+    setup = _memo.get(key)
+    if setup is None or registry.PAIRS.get(setup[1].name) is not setup[1]:
+        return None
+    return setup
+
+
+def _remember(key, setup):
+    """Remember a call's setup once its checks have passed (key None: nothing)."""
+    if key is None:
+        return
+    if len(_memo) >= MEMO_ENTRIES:       # a process that met many shapes
+        _memo.clear()
+    _memo[key] = setup
+
+
 def _blocks(defaults, block_m, block_n):
     return (defaults[0] if block_m is None else block_m), (defaults[1] if block_n is None else block_n)
 
@@ -223,14 +284,21 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     """
     causal = _flag("causal", causal)
     q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
-    p = _validate(q, k, v, scale)
+    key = _memo_key((q, k, v), ("forward", causal, type(scale), scale, type(block_m), block_m,
+                                type(block_n), block_n, type(kernel), kernel))
+    setup = _recall(key)
+    if setup is None:
+        p = _validate(q, k, v, scale)
+        pair = registry.resolve(kernel, p.d, p.dtype)
+        bm, bn = _blocks(pair.forward_tiles(p.d, p.compute_dtype), block_m, block_n)
+    else:
+        p, pair, bm, bn = setup
     dt = p.compute_dtype
-    pair = registry.resolve(kernel, p.d, p.dtype)
-    bm, bn = _blocks(pair.forward_tiles(p.d, dt), block_m, block_n)
     # a pair with half_inputs compiles kernels that know the widened values are half; one
     # with half_storage kernels that read and write them as stored (16-bit patterns)
     launch, threads = pair.make_forward(bm, bn, p.d, causal,
                                         p.dtype if p.half and pair.half_inputs else dt)
+    _remember(key, (p, pair, bm, bn))       # (the factory has taken the tiles)
     stored = bool(p.half and pair.half_storage)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     ptr, stream = arrays.launch_stream(q)
@@ -265,6 +333,27 @@ def _check_like(name, x, shape, p, device, dtype=None):
         raise ValueError(f"{name} is a non-contiguous device array; pass a contiguous copy")
 
 
+def _backward_setup(dout, q, k, v, out, lse, scale, deterministic, block_m, block_n, kernel):
+    """The backward's checks (before any launch) and its pair: (Shapes, pair, block_m,
+    block_n)."""
+    p = _validate(q, k, v, scale)
+    device = arrays.device_of(q)
+    _check_like("dout", dout, p.lead + (p.nq, p.d), p, device)
+    _check_like("out", out, p.lead + (p.nq, p.d), p, device)
+    dt = p.compute_dtype
+    _check_like("lse", lse, p.lead + (p.nq,), p, device, dtype=dt)
+    pair = registry.resolve(kernel, p.d, p.dtype)
+    bm, bn = _blocks(pair.backward_tiles(p.d, dt, deterministic), block_m, block_n)
+    if (block_m, block_n) != (None, None):         # the factories' errors
+        if pair.check_backward_tiles is not None:
+            pair.check_backward_tiles(bm, bn, p.d, dt, deterministic)
+        elif (bm, bn) != pair.backward_tiles(p.d, dt, deterministic):
+            raise ValueError(f"the {pair.name!r} backward has tiles "
+                             f"{pair.backward_tiles(p.d, dt, deterministic)} only here, "
+                             f"got block_m={bm}, block_n={bn}")
+    return p, pair, bm, bn
+
+
 def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None,
                              deterministic=False, block_m=None, block_n=None,
                              kernel="auto"):
@@ -289,21 +378,16 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     deterministic = _flag("deterministic", deterministic)
     q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
     dout, out, lse = as_array("dout", dout), as_array("out", out), as_array("lse", lse)
-    p = _validate(q, k, v, scale)
-    device = arrays.device_of(q)
-    _check_like("dout", dout, p.lead + (p.nq, p.d), p, device)
-    _check_like("out", out, p.lead + (p.nq, p.d), p, device)
+    key = _memo_key((q, k, v, dout, out, lse),
+                    ("backward", causal, deterministic, type(scale), scale, type(block_m),
+                     block_m, type(block_n), block_n, type(kernel), kernel))
+    setup = _recall(key)
+    if setup is None:
+        setup = _backward_setup(dout, q, k, v, out, lse, scale, deterministic, block_m,
+                                block_n, kernel)
+        _remember(key, setup)
+    p, pair, bm, bn = setup
     dt = p.compute_dtype
-    _check_like("lse", lse, p.lead + (p.nq,), p, device, dtype=dt)
-    pair = registry.resolve(kernel, p.d, p.dtype)
-    bm, bn = _blocks(pair.backward_tiles(p.d, dt, deterministic), block_m, block_n)
-    if (block_m, block_n) != (None, None):         # before any launch: the factories' errors
-        if pair.check_backward_tiles is not None:
-            pair.check_backward_tiles(bm, bn, p.d, dt, deterministic)
-        elif (bm, bn) != pair.backward_tiles(p.d, dt, deterministic):
-            raise ValueError(f"the {pair.name!r} backward has tiles "
-                             f"{pair.backward_tiles(p.d, dt, deterministic)} only here, "
-                             f"got block_m={bm}, block_n={bn}")
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     qs, ks = (bh, p.nq, p.d), (bhk, p.nk, p.d)
     # a half_storage pair takes the half inputs as stored (16-bit patterns) and their format,

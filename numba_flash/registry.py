@@ -109,7 +109,14 @@ class Pair:
         return True
 
 
-PAIRS = {}
+PAIRS = {}    # changed through register and unregister only (the API remembers resolutions)
+_generation = [0]
+
+
+def generation():
+    """A number that changes whenever register or unregister changes PAIRS: the API's memo of
+    what a call resolved to (api._remembered) holds only within one generation."""
+    return _generation[0]
 
 
 def register(pair):
@@ -117,11 +124,13 @@ def register(pair):
     if not isinstance(pair, Pair):
         raise TypeError(f"register takes a registry.Pair, got {type(pair).__name__}")
     PAIRS[pair.name] = pair
+    _generation[0] += 1
     return pair
 
 
 def unregister(name):
     PAIRS.pop(name, None)
+    _generation[0] += 1
 
 
 def variant(name, base, **changes):

@@ -226,3 +226,117 @@ def test_without_a_gpu_the_import_order_is_handled(first):
     else:
         assert run.stdout.split() == ["False", "None"]
         assert "import numba_flash first" in run.stderr
+
+
+# --- the calls' memo (api._memo_key, _recall, _remember) -------------------------------------
+
+class _Recorder:
+    """A forward that launches nothing and notes its pair's name: launcher[grid, threads,
+    stream](*args)."""
+
+    def __init__(self, name, calls):
+        self.name, self.calls = name, calls
+
+    def __getitem__(self, config):
+        return lambda *args: self.calls.append(self.name)
+
+
+def _recording_variant(name, calls, label=None):
+    return registry.variant(name, "tiled", make_forward=lambda bm, bn, d, causal, dtype: (
+        _Recorder(label or name, calls), 32))
+
+
+def test_a_repeated_call_is_checked_once_and_a_changed_one_again(monkeypatch):
+    from numba_flash import api
+    checked = []
+    real = api._validate
+    monkeypatch.setattr(api, "_validate", lambda *a: checked.append(1) or real(*a))
+    q, k, v = qkv((1, 2, 7, 4))
+    first = flash_attention_forward(q, k, v, kernel="tiled")
+    again = flash_attention_forward(q, k, v, kernel="tiled")
+    assert len(checked) == 1
+    assert all(np.array_equal(a, b) for a, b in zip(first, again))
+    # anything the checks read, changed, is checked again
+    flash_attention_forward(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                            kernel="tiled")
+    flash_attention_forward(*qkv((1, 2, 8, 4)), kernel="tiled")
+    flash_attention_forward(q, k, v, kernel="tiled", causal=True)
+    flash_attention_forward(q, k, v, kernel="tiled", scale=0.5)
+    flash_attention_forward(q, k, v, kernel="tiled", scale=np.float32(0.5))
+    flash_attention_forward(q, k, v, kernel="tiled", block_m=16)
+    assert len(checked) == 7
+    # the backward: once for one call, again when lse changes
+    dout = q.copy()
+    out, lse = first
+    g1 = flash_attention_backward(dout, q, k, v, out, lse, kernel="tiled")
+    g2 = flash_attention_backward(dout, q, k, v, out, lse, kernel="tiled")
+    assert len(checked) == 8
+    assert all(np.array_equal(a, b) for a, b in zip(g1, g2))
+    with pytest.raises(TypeError, match="lse must have dtype float32"):
+        flash_attention_backward(dout, q, k, v, out, lse.astype(np.float64), kernel="tiled")
+
+
+def test_the_memo_keeps_no_failed_call():
+    from numba_flash import api
+    q, k, v = qkv((1, 2, 7, 4))
+    flash_attention_forward(q, k, v, kernel="tiled")
+    # what passed with native v fails with the same values in big-endian order, every time
+    for _ in range(2):
+        with pytest.raises(TypeError, match="native byte order"):
+            flash_attention_forward(q, k, v.astype(">f4"), kernel="tiled")
+        with pytest.raises(ValueError):                 # tiles the factory refuses
+            flash_attention_forward(q, k, v, kernel="tiled", block_m=512)
+    # an unhashable option is checked at every call, not refused by the memo
+    out, _ = flash_attention_forward(q, k, v, kernel="tiled", scale=np.array(0.5))
+    assert np.allclose(out, flash_attention_forward(q, k, v, kernel="tiled", scale=0.5)[0])
+    assert api._memo_key((q, k, v), ([],)) is None
+    assert api._memo_key((q, k, list(v)), ()) is None      # an array-like: not keyed
+
+
+def test_a_remembered_name_runs_what_is_registered_now():
+    calls = []
+    q, k, v = qkv((1, 1, 6, 4))
+    registry.register(_recording_variant("memo (test)", calls, "first"))
+    try:
+        flash_attention_forward(q, k, v, kernel="memo (test)")
+        registry.register(_recording_variant("memo (test)", calls, "second"))
+        flash_attention_forward(q, k, v, kernel="memo (test)")
+        # PAIRS changed by hand (not through register) is followed too
+        registry.PAIRS["memo (test)"] = _recording_variant("memo (test)", calls, "third")
+        flash_attention_forward(q, k, v, kernel="memo (test)")
+    finally:
+        registry.unregister("memo (test)")
+    assert calls == ["first", "second", "third"]
+    with pytest.raises(ValueError, match="unknown kernel 'memo \\(test\\)'"):
+        flash_attention_forward(q, k, v, kernel="memo (test)")
+    # a name that fell back: registering what it names anew ends the fallback
+    calls.clear()
+    registry.register(_recording_variant("memo fallback (test)", calls))
+    registry.register(registry.variant("memo (test)", "memo fallback (test)",
+                                       can_run=lambda d, dtype, device: False,
+                                       fallback="memo fallback (test)"))
+    try:
+        flash_attention_forward(q, k, v, kernel="memo (test)")
+        registry.register(_recording_variant("memo (test)", calls))
+        flash_attention_forward(q, k, v, kernel="memo (test)")
+    finally:
+        registry.unregister("memo (test)")
+        registry.unregister("memo fallback (test)")
+    assert calls == ["memo fallback (test)", "memo (test)"]
+
+
+def test_torch_tensors_are_keyed_by_all_the_checks_read():
+    torch = pytest.importorskip("torch")
+    from numba_flash import api
+    x = torch.zeros(2, 3, 8, 4)
+    same = api._array_key(torch.ones(2, 3, 8, 4))
+    assert api._array_key(x) == same and hash(api._array_key(x)) == hash(same)
+    others = [torch.zeros(2, 3, 8, 4, dtype=torch.bfloat16),
+              torch.zeros(2, 3, 4, 8).transpose(2, 3),        # the same shape, not contiguous
+              torch.zeros(2, 3, 8, 5),
+              torch.nn.Parameter(torch.zeros(2, 3, 8, 4))]
+    assert len({api._array_key(t) for t in others} | {same}) == len(others) + 1
+    # a CPU tensor's key says so (the checks refuse it: torch tensors run on CUDA devices)
+    assert api._array_key(x)[3:5] == (False, -1)
+    with pytest.raises(ValueError, match="must be on a CUDA device"):
+        flash_attention_forward(x, x, x)
