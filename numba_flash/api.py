@@ -190,8 +190,8 @@ def _narrowed(d_x, p, like, stream):
 # those, one that passed its checks before passes them again and resolves to the same pair
 # and tiles. Such a call skips them (`_recall`): under cProfile, _validate and
 # registry.resolve were about a quarter of a forward's host time on the H200's host
-# (tools/call_time.py --profile, 2026-12-04). NumPy arrays and torch tensors are keyed; other
-# kinds are checked at every call.
+# (tools/call_time.py --profile, 2026-12-04). NumPy and CuPy arrays and torch tensors are
+# keyed; other kinds (Numba's device arrays, array-likes) are checked at every call.
 MEMO_ENTRIES = 1024
 _memo = {}
 
@@ -199,12 +199,15 @@ _memo = {}
 def _array_key(x):
     """What the checks read of x, hashable: class, dtype and shape of a NumPy array; of a
     torch tensor also whether it is on a CUDA device, which one, and whether it is
-    C-contiguous; None for other kinds."""
+    C-contiguous; of a CuPy array its device and C-contiguity; None for other kinds."""
     t = type(x)
     if t is np.ndarray:
         return t, x.dtype, x.shape
-    if arrays.kind_of(x) == "torch":
+    kind = arrays.kind_of(x)
+    if kind == "torch":
         return t, x.dtype, x.shape, x.is_cuda, x.get_device(), x.is_contiguous()
+    if kind == "cupy":
+        return t, x.dtype, x.shape, x.device.id, x.flags.c_contiguous
     return None
 
 

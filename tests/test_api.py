@@ -340,3 +340,26 @@ def test_torch_tensors_are_keyed_by_all_the_checks_read():
     assert api._array_key(x)[3:5] == (False, -1)
     with pytest.raises(ValueError, match="must be on a CUDA device"):
         flash_attention_forward(x, x, x)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind", ["torch", "cupy"])
+def test_gpu_device_arrays_are_checked_once_a_key(monkeypatch, kind):
+    from numba_flash import api
+    lib = pytest.importorskip(kind)
+    checked = []
+    real = api._validate
+    monkeypatch.setattr(api, "_validate", lambda *a: checked.append(1) or real(*a))
+    def device(x):
+        return lib.asarray(x) if kind == "cupy" else lib.from_numpy(x).cuda()
+    q, k, v = map(device, qkv((2, 4, 100, 64), dtype=np.float32))
+    first = flash_attention_forward(q, k, v, causal=True)
+    again = flash_attention_forward(q, k, v, causal=True)
+    assert len(checked) == 1
+    assert all(bool((a == b).all()) for a, b in zip(first, again))
+    # the same shape and dtype, not contiguous: refused every time, memo or not
+    wide = device(np.zeros((2, 4, 100, 128), np.float32))
+    for _ in range(2):
+        with pytest.raises(ValueError, match="non-contiguous"):
+            flash_attention_forward(q, k, wide[..., :64], causal=True)
+    assert len(checked) == 3
