@@ -350,6 +350,7 @@ def test_gpu_device_arrays_are_checked_once_a_key(monkeypatch, kind):
     checked = []
     real = api._validate
     monkeypatch.setattr(api, "_validate", lambda *a: checked.append(1) or real(*a))
+
     def device(x):
         return lib.asarray(x) if kind == "cupy" else lib.from_numpy(x).cuda()
     q, k, v = map(device, qkv((2, 4, 100, 64), dtype=np.float32))
