@@ -1,6 +1,8 @@
 """Public API: flash_attention_forward and flash_attention_backward.
 
-Validation happens here, before any launch; inputs are never modified.
+Validation happens here, before any launch; inputs are never modified. A call whose arrays
+and options match, in everything the checks read, one that passed them is not checked again
+(the calls' memo, below).
 """
 
 import math

@@ -7,7 +7,10 @@ injected", where it had to run a kernel's products one at a time), then a table:
 
 --sass: also count each kernel's SASS instructions (FMUL, FFMA, FADD, FMNMX, MUFU, HGMMA,
 HMMA, LDS, BAR, SHFL, total; static counts) with cuobjdump, e.g. to see what a change to the
-softmax costs in instructions before a GPU times it.
+softmax costs in instructions before a GPU times it. --sections (implies --sass): also the
+instructions before, in and after the main loop and in subroutines (tools/sass.py), what a
+block does once against what it does every step (forward16 at d = 64, 2026-12-04: 913 / 526
+/ 486 / 307, docs/performance.md).
 
 WORD ...: keep only the kernels whose label contains every WORD (e.g. `sm90 wide backward`,
 `fa2`, `causal=True`). The kernels are those the registered pairs launch, taken from the
@@ -55,6 +58,7 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 # this checkout's numba_flash, not the one an editable install points at (run from another
 # worktree, `python tools/ptxas_check.py` would otherwise compile that one's kernels)
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))     # tools/sass.py
 
 import numba.cuda.dispatcher as dispatcher  # noqa: E402
 import numpy as np  # noqa: E402
@@ -75,6 +79,7 @@ from numba_flash.kernels.sm90 import backward16 as sm90_backward16  # noqa: E402
 from numba_flash.kernels.sm90 import forward16 as sm90_forward16  # noqa: E402
 from numba_flash.kernels.support import Launcher  # noqa: E402
 from numba_flash.kernels.vector_io import AlignedDispatch  # noqa: E402
+import sass  # noqa: E402
 
 A3, A2 = types.Array(float32, 3, "C"), types.Array(float32, 2, "C")
 H3 = types.Array(types.uint16, 3, "C")          # 16-bit patterns (the wgmma16 forward)
@@ -174,22 +179,26 @@ def kernels():
 
 
 SASS_OPS = ("FMUL", "FFMA", "FADD", "FMNMX", "MUFU", "HGMMA", "HMMA", "LDS", "BAR", "SHFL")
+SECTIONS = ("before", "loop", "after", "subroutines", "calls")
 
 
-def sass_counts(cubin):
+def sass_counts(cubin, sections=False):
     """{op: count} of the SASS instructions of a cubin (static counts: every copy of a loop
     body once), by cuobjdump -sass (it needs nvdisasm beside it or at $NVDISASM_PATH; without
     a toolkit that has them: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, whose
-    nvidia/cu13/bin goes on PATH)."""
+    nvidia/cu13/bin goes on PATH); with sections, also tools/sass.py's counts before, in and
+    after the main loop (keys "before", "loop", ...: lower case, unlike the ops)."""
     text = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True,
                           check=True).stdout
     ops = {}
     for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text):
         ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    if sections:
+        ops.update(sass.sections(text))
     return ops
 
 
-def ptxas(label, kernel, args, home, arch="sm_90a", sass=False):
+def ptxas(label, kernel, args, home, arch="sm_90a", sass=False, sections=False):
     """ptxas -v's figures for one kernel compiled for `arch` ("sm_90a", or "sm_80" for the
     mma16 kernels): dict(registers, stack, spill_stores, spill_loads, seconds, and with sass
     the SASS op counts), or dict(error=...)."""
@@ -212,7 +221,7 @@ def ptxas(label, kernel, args, home, arch="sm_90a", sass=False):
         command[1:1] = ["-maxrregcount", str(options["max_registers"])]
     try:
         r = subprocess.run(command, capture_output=True, text=True)
-        ops = sass_counts(cubin) if sass and r.returncode == 0 else {}
+        ops = sass_counts(cubin, sections) if sass and r.returncode == 0 else {}
     finally:
         os.unlink(f.name)
         if os.path.exists(cubin):
@@ -249,8 +258,11 @@ def table(rows):
             lines.append(f"{label:<{width}}  ptxas failed: {r['error'].splitlines()[0][:80]}")
         else:
             ops = r.get("sass") or {}
+            parts = {k: v for k, v in ops.items() if k.isupper()}
             counts = (" ".join(f"{ops.get(op, 0)}" for op in SASS_OPS)
-                      + f" {sum(ops.values())}") if sass else ""
+                      + f" {sum(parts.values())}") if sass else ""
+            if "loop" in ops:
+                counts += "  " + " ".join(f"{k} {ops[k]}" for k in SECTIONS)
             lines.append(f"{label:<{width}}  {r['registers']:>4}  {r['stack']:>5}  "
                          f"{r['spill_stores']:>8}  {r['spill_loads']:>8}  {r['wgmma']}"
                          + (f"  {counts}" if counts else ""))
@@ -258,8 +270,9 @@ def table(rows):
 
 
 def main(words):
-    sass = "--sass" in words
-    words = [w for w in words if w != "--sass"]
+    sections = "--sections" in words
+    sass = "--sass" in words or sections
+    words = [w for w in words if w not in ("--sass", "--sections")]
     home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
     if not os.path.exists(os.path.join(home, "bin", "ptxas")):
         sys.exit(f"ptxas_check: no ptxas at {home}/bin (set CUDA_HOME to a CUDA toolkit)")
@@ -267,7 +280,7 @@ def main(words):
     for label, kernel, args, *arch in kernels():
         if words and not all(w in label for w in words):
             continue
-        r = ptxas(label, kernel, args, home, *arch, sass=sass)
+        r = ptxas(label, kernel, args, home, *arch, sass=sass, sections=sections)
         rows.append((label, r))
         print(f"{label}: {r.get('info') or r.get('error')} ({r['seconds']:.0f} s)", flush=True)
     if not rows:

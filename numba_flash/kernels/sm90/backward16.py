@@ -379,9 +379,11 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     return simulator_launch(Launcher(dkdv16, NBYTES))
 
 
+@functools.lru_cache(maxsize=None)
 def dkdv_launcher(D, causal, fmt, products="wgmma"):
     """The dK/dV kernel as run_backward launches it: the asynchronous one where q, k, v, dout
-    and dq are 16-byte aligned, else the synchronous one (vector_io.AlignedDispatch)."""
+    and dq are 16-byte aligned, else the synchronous one (vector_io.AlignedDispatch); one a
+    configuration (run_backward asks for it at every call)."""
     return AlignedDispatch(make_dkdv_kernel(D, causal, fmt, True, products),
                            make_dkdv_kernel(D, causal, fmt, False, products),
                            positions=(0, 1, 2, 3, 8), same_strides=[(0, 3)])

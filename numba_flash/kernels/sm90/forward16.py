@@ -364,5 +364,11 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, products="wgm
     of dtype (check() first), its products on `products` ("wgmma": the wgmma16 pair; "mma":
     the mma16 pair)."""
     check(block_m, block_n, head_dim, dtype)
-    return _Launch(padded(head_dim), bool(causal), half_format(dtype), products), \
+    return _launcher(padded(head_dim), bool(causal), half_format(dtype), products), \
         threads(padded(head_dim))
+
+
+@functools.lru_cache(maxsize=None)
+def _launcher(D, causal, fmt, products):
+    """One _Launch a configuration (the API asks for it at every call)."""
+    return _Launch(D, causal, fmt, products)

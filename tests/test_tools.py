@@ -1,0 +1,52 @@
+"""The lab tools' parts that need no GPU and no CUDA toolkit (tools/ is not a package: loaded
+by path)."""
+
+import importlib.util
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tool(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "tools", f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# a made-up listing in cuobjdump's form: a loop without products (staging, the longer one),
+# the main loop (two HGMMA, shorter), an EXIT, then a subroutine past it
+SASS = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
+        /*0010*/                   IADD3 R0, R0, 0x1, RZ ;                /* 0x0000000100007810 */
+        /*0020*/                   LDGSTS.E.BYPASS.128 [R5], desc[UR4][R6.64] ;
+        /*0030*/                   LDGSTS.E.BYPASS.128 [R5+0x10], desc[UR4][R6.64+0x10] ;
+        /*0040*/                   ISETP.GE.U32.AND P0, PT, R0, R9, PT ;
+        /*0050*/               @P0 BRA 0x10 ;                             /* 0x0000000000000947 */
+        /*0060*/                   CALL.REL.NOINC 0xf0 ;                  /* 0x0000000000007944 */
+        /*0070*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
+        /*0080*/                   NOP ;
+        /*0090*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24 ;
+        /*00a0*/              @!P1 BRA 0x70 ;                             /* 0x0000000000009947 */
+        /*00b0*/                   MUFU.EX2 R2, R2 ;                      /* 0x0000000000027308 */
+        /*00c0*/                   STG.E.128 desc[UR4][R2.64], R4 ;      /* 0x000000040200798e */
+        /*00d0*/                   EXIT ;                                 /* 0x000000000000794d */
+        /*00e0*/                   BRA 0xe0 ;                             /* 0x0000000000007947 */
+        /*00f0*/                   IMAD R3, R2, R2, RZ ;                  /* 0x0000000202037224 */
+        /*0100*/                   RET.REL.NODEC R4 0x0 ;                 /* 0x0000000004007950 */
+"""
+
+
+def test_sass_sections_split_a_kernel_at_its_product_loop():
+    sass = _tool("sass")
+    ops = [op for _, op, _ in sass.instructions(SASS)]
+    assert ops[:3] == ["MOV", "IADD3", "LDGSTS"] and "NOP" not in ops
+    # the loop is the one with the products (0x70..0xa0, the NOP not counted: 3), not the
+    # longer staging loop (0x10..0x50), which is "before" with MOV and CALL (7); after: MUFU,
+    # STG, EXIT; past the last EXIT: BRA (to itself), IMAD, RET
+    assert sass.sections(SASS) == {"before": 7, "loop": 3, "after": 3, "subroutines": 3,
+                                   "loop_tensor_ops": 2, "calls": 1}
+    with pytest.raises(ValueError, match="no SASS"):
+        sass.sections("nothing here")
