@@ -213,12 +213,20 @@ def _array_key(x):
     return None
 
 
+_KEYED_OPTIONS = (type(None), bool, int, float, str, np.integer, np.floating, np.bool_)
+
+
 def _memo_key(xs, options):
     """The memo's key of a call on arrays xs (q first) with `options` (values and their
     types: 1 and True are not one scale): None when an array is of a kind not keyed or an
-    option is unhashable. NumPy inputs run on the current device, which the key names; a
-    tensor's key names its own. The registry's generation ends a key when register or
-    unregister changes what a name resolves to."""
+    option is not an immutable scalar (a 0-d tensor as scale is hashed by its identity, and
+    its value can change in place: checked at every call). NumPy inputs run on the current
+    device, which the key names; a tensor's key names its own (the kernels run on Numba's
+    current device, which for a tensor elsewhere fails at launch with or without the memo).
+    The registry's generation ends a key when register or unregister changes what a name
+    resolves to."""
+    if not all(isinstance(o, _KEYED_OPTIONS) or isinstance(o, type) for o in options):
+        return None
     keys = tuple(map(_array_key, xs))
     if None in keys:
         return None

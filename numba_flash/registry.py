@@ -109,13 +109,15 @@ class Pair:
         return True
 
 
-PAIRS = {}    # changed through register and unregister only (the API remembers resolutions)
+# changed through register and unregister only: the API remembers resolutions and notices a
+# hand-made change only to the pair a name resolved to
+PAIRS = {}
 _generation = [0]
 
 
 def generation():
     """A number that changes whenever register or unregister changes PAIRS: the API's memo of
-    what a call resolved to (api._remembered) holds only within one generation."""
+    what a call resolved to (api._recall) holds only within one generation."""
     return _generation[0]
 
 

@@ -293,6 +293,24 @@ def test_the_memo_keeps_no_failed_call():
     assert api._memo_key((q, k, list(v)), ()) is None      # an array-like: not keyed
 
 
+def test_a_scale_that_can_change_in_place_is_checked_every_call():
+    # a 0-d tensor is hashed by its identity: remembered, a scale changed in place would be
+    # used stale and never checked again
+    torch = pytest.importorskip("torch")
+    from numba_flash import api
+    q, k, v = qkv((1, 2, 7, 4))
+    scale = torch.tensor(0.5)
+    first, _ = flash_attention_forward(q, k, v, kernel="tiled", scale=scale)
+    assert api._memo_key((q, k, v), ("forward", type(scale), scale)) is None
+    scale.fill_(2.0)
+    out, _ = flash_attention_forward(q, k, v, kernel="tiled", scale=scale)
+    assert np.array_equal(out, flash_attention_forward(q, k, v, kernel="tiled", scale=2.0)[0])
+    assert not np.array_equal(out, first)
+    scale.fill_(-1.0)
+    with pytest.raises(ValueError, match="finite and positive"):
+        flash_attention_forward(q, k, v, kernel="tiled", scale=scale)
+
+
 def test_a_remembered_name_runs_what_is_registered_now():
     calls = []
     q, k, v = qkv((1, 1, 6, 4))
@@ -301,7 +319,7 @@ def test_a_remembered_name_runs_what_is_registered_now():
         flash_attention_forward(q, k, v, kernel="memo (test)")
         registry.register(_recording_variant("memo (test)", calls, "second"))
         flash_attention_forward(q, k, v, kernel="memo (test)")
-        # PAIRS changed by hand (not through register) is followed too
+        # the resolved pair replaced by hand in PAIRS (not through register) is noticed too
         registry.PAIRS["memo (test)"] = _recording_variant("memo (test)", calls, "third")
         flash_attention_forward(q, k, v, kernel="memo (test)")
     finally:
