@@ -183,16 +183,16 @@ SECTIONS = ("before", "loop", "after", "subroutines", "calls")
 
 
 def sass_counts(cubin, sections=False):
-    """{op: count} of the SASS instructions of a cubin (static counts: every copy of a loop
-    body once), by cuobjdump -sass (it needs nvdisasm beside it or at $NVDISASM_PATH; without
+    """{op: count} of the SASS instructions of a cubin, NOPs left out (static counts: every
+    copy of a loop body once; tools/sass.py reads the listing), by cuobjdump -sass (it needs nvdisasm beside it or at $NVDISASM_PATH; without
     a toolkit that has them: pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm, whose
     nvidia/cu13/bin goes on PATH); with sections, also tools/sass.py's counts before, in and
     after the main loop (keys "before", "loop", ...: lower case, unlike the ops)."""
     text = subprocess.run(["cuobjdump", "-sass", cubin], capture_output=True, text=True,
                           check=True).stdout
     ops = {}
-    for m in re.finditer(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)", text):
-        ops[m.group(1)] = ops.get(m.group(1), 0) + 1
+    for _, op, _ in sass.instructions(text):
+        ops[op] = ops.get(op, 0) + 1
     if sections:
         ops.update(sass.sections(text))
     return ops

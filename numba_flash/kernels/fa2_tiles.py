@@ -34,6 +34,16 @@ def lanes_for_head_dim(head_dim):
     return tx
 
 
+@cuda.jit(**DEVICE)
+def warp_barrier():
+    """Barrier for data that stays inside a warp (rows owned by one warp); the simulator has
+    no syncwarp, so there it is a block barrier."""
+    if SIMULATOR:
+        cuda.syncthreads()
+    else:
+        cuda.syncwarp()
+
+
 @functools.lru_cache(maxsize=None)
 def tile_products(T, TA, TB, TY, TX, D_PAD, A_ROW, W_ROW, X_ROW):
     """(dot_rows, accumulate) for accumulators of TA x TB (dot_rows) and TA x D_PAD / TX

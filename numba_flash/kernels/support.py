@@ -71,18 +71,6 @@ def inlined_device_function(fn):
     return fn if SIMULATOR else cuda.jit(device=True, forceinline=True)(fn)
 
 
-# (a simulator device function, not a plain one: the simulator swaps in its cuda module for
-# the kernels' and device functions' globals only)
-@cuda.jit(**(dict(device=True) if SIMULATOR else dict(device=True, forceinline=True)))
-def warp_barrier():
-    """Barrier for data that stays inside a warp (rows owned by one warp); the simulator has
-    no syncwarp, so there it is a block barrier (every thread of the block must reach it)."""
-    if SIMULATOR:
-        cuda.syncthreads()
-    else:
-        cuda.syncwarp()
-
-
 def ceil_div(a, b):
     return -(-a // b)
 

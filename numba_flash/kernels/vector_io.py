@@ -12,11 +12,6 @@ newer) of the 16 bytes at src[head, row, col:] into the shared array sh at eleme
 (16-byte aligned), the bytes past nbytes (0 or 16) zero: the thread goes on while the copy runs.
 copy16_at(sh, at, src, offset, nbytes) the same for the 16 bytes `offset` bytes (a uint64) into
 src's data: no index math (the pipelines work their chunks' offsets out once, stage16.make_plan).
-load_chunk(sh, at) returns the 16 bytes of a 16-bit shared array sh at element offset `at`
-(16-byte aligned) as 4 uint32 words, two elements a word, the lower-indexed one in the low half
-(ld.shared.v4.b32); store_chunk(dst, head, row, col, words) writes 4 such words to
-dst[head, row, col : col + 8] of a 16-bit array (st.global.v4.b32): tiles written back in
-16-byte chunks (sm90.forward16's out).
 copies_commit() closes the thread's copies started so far into a group; make_copies_wait(n)()
 waits until at most n of the thread's groups are still running (then a block barrier, and for wgmma
 operands sm90.wgmma.fence_proxy_async, before other threads read them).
@@ -35,7 +30,7 @@ import functools
 from numba import cuda
 
 from .launch import DeviceView
-from .support import SIMULATOR, U
+from .support import SIMULATOR
 
 VECTOR = 4
 ALIGN_BYTES = 16
@@ -137,19 +132,6 @@ if SIMULATOR:
         head, rest = offset // src.strides[0], offset % src.strides[0]
         copy16(sh, at, src, head, rest // src.strides[1],
                rest % src.strides[1] // src.itemsize, nbytes)
-
-    @cuda.jit(device=True)
-    def load_chunk(sh, at):
-        """Element by element on the simulator."""
-        return (U(sh[at]) | U(sh[at + 1]) << U(16), U(sh[at + 2]) | U(sh[at + 3]) << U(16),
-                U(sh[at + 4]) | U(sh[at + 5]) << U(16), U(sh[at + 6]) | U(sh[at + 7]) << U(16))
-
-    @cuda.jit(device=True)
-    def store_chunk(dst, head, row, col, words):
-        """Element by element on the simulator."""
-        for e in range(4):
-            dst[head, row, col + 2 * e] = words[e] & U(0xFFFF)
-            dst[head, row, col + 2 * e + 1] = words[e] >> U(16)
 
     def copies_commit():
         pass
@@ -314,47 +296,6 @@ else:
         return statement
 
     copies_commit = _statement("cp.async.commit_group;")
-
-    _WORDS = types.UniTuple(types.uint32, VECTOR)
-
-    def _sixteen_bit(array, ndim):
-        return isinstance(array, types.Array) and array.ndim == ndim and array.dtype.bitwidth == 16
-
-    @intrinsic
-    def load_chunk(typingctx, sh, at):
-        if not _sixteen_bit(sh, 1):
-            return None
-        sig = _WORDS(sh, at)
-
-        def codegen(context, builder, sig, args):
-            array = context.make_array(sig.args[0])(context, builder, value=args[0])
-            index = context.cast(builder, args[1], sig.args[1], types.intp)
-            vector = ir.VectorType(ir.IntType(32), VECTOR)
-            pointer = builder.bitcast(builder.gep(array.data, [index]), vector.as_pointer())
-            loaded = builder.load(pointer, align=ALIGN_BYTES)
-            return context.make_tuple(builder, sig.return_type, [
-                builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
-                for e in range(VECTOR)])
-
-        return sig, codegen
-
-    @intrinsic
-    def store_chunk(typingctx, dst, head, row, col, words):
-        if not (_sixteen_bit(dst, 3) and words == _WORDS):
-            return None
-        sig = types.void(dst, head, row, col, words)
-
-        def codegen(context, builder, sig, args):
-            vector = ir.VectorType(ir.IntType(32), VECTOR)
-            value = ir.Constant(vector, ir.Undefined)
-            for e in range(VECTOR):
-                value = builder.insert_element(value, builder.extract_value(args[4], e),
-                                               ir.Constant(ir.IntType(32), e))
-            pointer = builder.bitcast(_first(context, builder, sig, args), vector.as_pointer())
-            builder.store(value, pointer, align=ALIGN_BYTES)
-            return context.get_dummy_value()
-
-        return sig, codegen
 
     @functools.lru_cache(maxsize=None)
     def make_copies_wait(n):

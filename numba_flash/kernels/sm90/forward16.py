@@ -30,10 +30,7 @@ Per K/V block:
                          exchange; V staged as K is, read transposed by wgmma (wgmma16's
                          b_rows); m64nDk16, 4 steps, accumulated into O in the tensor core.
 
-At the end O / l rounded to the input format (out) and lse = m c ln 2 + log l in float32; out
-goes through shared memory (each warp's 16 rows into its warpgroup's Q tile, read back a
-16-byte chunk a lane), so that it is written in whole 16-byte chunks (store_out), not two
-bytes at a time.
+At the end O / l rounded to the input format (out) and lse = m c ln 2 + log l in float32.
 """
 
 import functools
@@ -44,9 +41,8 @@ from numba import cuda, float32, uint16, uint32, uint64
 from reference.precision import half_format
 
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index,
-                       inlined_device_function, kernel_jit, kv_head, simulator_launch,
-                       warp_barrier)
-from ..vector_io import AlignedDispatch, load_chunk, make_copies_wait, store_chunk
+                       inlined_device_function, kernel_jit, kv_head, simulator_launch)
+from ..vector_io import AlignedDispatch, make_copies_wait
 from .operands import BLOCK, REGS
 from .softmax import FLT_MAX, LAZY_LOG2, LOG2E, make_finish_rows, make_online_softmax_lazy
 from .stage16 import make_plan, make_stage16, make_stage_pair
@@ -107,9 +103,8 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     threads(D) threads (tiles(d): 128 rows and 256 threads at D = 64, 192 and 384 at 128),
     arguments (q, k, v, out, lse, scale_log2, heads, group): q, k, v, out (B*H, N, d) uint16
     device arrays holding `fmt` ("bfloat16" or "float16") patterns, lse (B*H, Nq) float32,
-    scale_log2 = scale log2(e) float32; asynchronous: tiles staged with cp.async and out
-    written in 16-byte chunks (q, k, v, out 16-byte aligned, d a multiple of 8), else
-    element by element (stage16); products: the
+    scale_log2 = scale log2(e) float32; asynchronous: tiles staged with cp.async (q, k, v
+    16-byte aligned, d a multiple of 8), else element by element (stage16); products: the
     tensor-core engine, "wgmma" (sm_90a) or "mma" (mma.sync, sm_80+; kernels.mma16). Returns
     the launchable kernel."""
     if D not in (64, 128):
@@ -122,7 +117,6 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     SCRATCH_AT = NBYTES // 4                  # floats: the simulator's exchanges, per warpgroup
     NBYTES += 4 * WARPGROUPS * SCRATCH if SIMULATOR else 0
     O_REGS = D // 2                                           # O's accumulator entries
-    OUT_CHUNKS = D // 16                 # 16-byte chunks of out a lane writes (16 rows a warp)
     eng = engine(products, (products16, make_wait, fence_proxy_async))
     fence = eng.fence
     s_issue = eng.products16(BLOCK, D, BLOCK, fmt)["ss_issue"]   # S = Q K^T: 64 x 64, K = D
@@ -184,39 +178,10 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         return online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1,
                               col_t, nq, nk, scale_log2, tau)
 
-    @inlined_device_function
-    def o_at(r, chunk):
-        """Element offset of row r's 16-byte chunk `chunk` (columns 8 chunk ..) in a 64 x D
-        tile of O written back: rows of D elements, the chunks of row r permuted by r % 8
-        (XOR), so that the 8 rows of one fragment store fall on distinct banks, as do the 8
-        chunks of one row that 8 lanes read back."""
-        return r * U(D) + (chunk ^ (r % U(8))) * U(8)
-
-    @inlined_device_function
-    def store_out(sh, sw, out, o_acc, inv0, inv1, q_at, bh, row0, warp, lane, row, col_t, nq,
-                  d):
-        """O / l rounded into out (rows row0.. of head bh) in 16-byte chunks: the warp writes
-        its 16 rows into the warpgroup's Q tile (no product reads it any more), then reads
-        them back a chunk a lane; a chunk is in d or past it whole (d a multiple of 8)."""
-        for j in range(0, O_REGS, 2):       # entries j, j + 1: columns 8 (j // 4) + col_t, + 1
-            h = (j % 4) // 2
-            word = pack(o_acc[j] * (inv1 if h else inv0), o_acc[j + 1] * (inv1 if h else inv0))
-            sw[(q_at + o_at(row + U(8 * h), U(j // 4)) + col_t) // U(2)] = word
-        warp_barrier()      # (a block barrier on the simulator: every thread comes here)
-        for t in range(OUT_CHUNKS):
-            chunk = lane + U(32 * t)                    # of the warp's 16 rows, D / 8 a row
-            r = warp * U(16) + chunk // U(D // 8)
-            c = chunk % U(D // 8)
-            i = row0 + r
-            if i < nq and c * U(8) < d:
-                store_chunk(out, bh, i, c * U(8), load_chunk(sh, q_at + o_at(r, c)))
-
     @kernel_jit(THREADS)
     def forward16(q, k, v, out, lse, scale_log2, heads, group):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)     # the tiles
         sm = cuda.shared.array(0, float32, alignment=ALIGN)    # the same memory as floats
-        if asynchronous:    # (declared where used: the synchronous kernel's PTX stays as it was)
-            sw = cuda.shared.array(0, uint32, alignment=ALIGN)     # and as words
         head = head_index()
         if head >= q.shape[0]:      # a block past the last head (support.head_grid)
             return
@@ -321,20 +286,16 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         for h in range(2):
             m[h] *= scale_log2              # lse in units of log2: m c
         inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
-        if asynchronous:    # out in 16-byte chunks, through this warpgroup's Q tile
-            store_out(sh, sw, out, o_acc, inv0, inv1, q_at, bh, row0, warp, lane, row, col_t,
-                      nq, d)
-        else:
-            for j in range(0, O_REGS, 2):       # entries j, j + 1: columns c, c + 1 of a row
-                h = (j % 4) // 2
-                i = i1 if h else i0
-                inv = inv1 if h else inv0
-                c = U(8 * (j // 4)) + col_t
-                word = pack(o_acc[j] * inv, o_acc[j + 1] * inv)
-                if i < nq and c < d:
-                    out[bh, i, c] = uint16(word & U(0xFFFF))
-                    if c + U(1) < d:
-                        out[bh, i, c + U(1)] = uint16(word >> U(16))
+        for j in range(0, O_REGS, 2):           # entries j, j + 1: columns c, c + 1 of a row
+            h = (j % 4) // 2
+            i = i1 if h else i0
+            inv = inv1 if h else inv0
+            c = U(8 * (j // 4)) + col_t
+            word = pack(o_acc[j] * inv, o_acc[j + 1] * inv)
+            if i < nq and c < d:
+                out[bh, i, c] = uint16(word & U(0xFFFF))
+                if c + U(1) < d:
+                    out[bh, i, c + U(1)] = uint16(word >> U(16))
 
     return simulator_launch(Launcher(forward16, NBYTES))
 
@@ -342,13 +303,13 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
 class _Launch:
     """kernel[grid, threads, stream](q, k, v, out, lse, scale, heads, group) as the registry
     launches a forward: scale turned into scale log2(e) (S is formed in units of log2), the
-    asynchronous kernel where q, k, v, out allow it (vector_io.AlignedDispatch), else the
+    asynchronous kernel where q, k, v allow it (vector_io.AlignedDispatch), else the
     synchronous one; products: make_kernel's."""
 
     def __init__(self, D, causal, fmt, products):
         self.dispatch = AlignedDispatch(make_kernel(D, causal, fmt, True, products),
                                         make_kernel(D, causal, fmt, False, products),
-                                        positions=range(4), same_strides=[(1, 2)])
+                                        positions=range(3), same_strides=[(1, 2)])
 
     def __getitem__(self, config):
         run = self.dispatch[config]
