@@ -123,6 +123,76 @@ def test_products16_on_integers_are_exact(fmt, n, K, transposed):
     np.testing.assert_array_equal(E, C + A2 @ B.T)
 
 
+def in_flight_kernel(misuse, n=64, K=32, fmt="bfloat16"):
+    """One warpgroup issues S = A B^T (ss_issue) and E += A2 B^T (rs_issue), both in flight,
+    then waits (wait_group 1: S, then 0: E) and writes S to D and E: `misuse` names what it
+    does wrong meanwhile (None: nothing)."""
+    prod = wgmma16.products16(n, K, K, fmt)
+    ss, rs, regs = prod["ss_issue"], prod["rs_issue"], prod["regs"]
+    wait_one, _ = wgmma16.make_wait(1, regs)
+    wait_s_all, wait_all = wgmma16.make_wait(0, regs)
+    WORDS = 4 * (K // 16)
+    A_AT, B_AT = 0, 64 * K
+    NBYTES = 2 * (64 * K + n * K) + 4 * wgmma.SCRATCH
+    SCRATCH_AT = (64 * K + n * K) // 2
+
+    @cuda.jit
+    def in_flight(A, B, D, E):
+        sh = cuda.shared.array(0, uint16, alignment=ALIGN)
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        tid = cuda.threadIdx.x
+        for i in range(tid, 64 * K, 128):
+            sh[A_AT + i] = A[i // K, i % K]
+        for i in range(tid, n * K, 128):
+            sh[B_AT + i] = B[i // K, i % K]
+        cuda.syncthreads()
+        a = cuda.local.array(WORDS, uint32)
+        for w in range(WORDS):
+            a[w] = uint32(0x3F803F80)               # 1.0 in both halves (bfloat16)
+        acc = cuda.local.array(regs, float32)
+        for j in range(regs):
+            acc[j] = float32(0.0)
+        s = ss(sh, A_AT, B_AT)
+        if misuse == "tile written":
+            sh[A_AT + tid] = uint16(0)
+        rs(sh, sm, acc, a, B_AT, SCRATCH_AT)
+        if misuse == "A written":
+            a[0] = uint32(0)
+        if misuse == "acc written":
+            acc[0] = float32(1.0)
+        if misuse == "S read early":        # wait_group 0 for E, then S read with E pending
+            s = wait_one(ss(sh, A_AT, B_AT))
+        else:
+            s = wait_one(s)
+        wait_all(acc)
+        for j in range(regs):
+            D[tid, j] = s[j]
+            E[tid, j] = acc[j]
+    return in_flight, NBYTES
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's model of products in flight")
+@pytest.mark.parametrize("misuse,message", [
+    ("tile written", "shared-memory operand changed"),
+    ("A written", "register A operand was written"),
+    ("acc written", "accumulator was written"),
+    ("S read early", "read while it is in flight")])
+def test_simulated_products_in_flight_catch_what_a_gpu_would_get_wrong(misuse, message):
+    # a GPU's wgmma reads its operands at any time until the wait that retires it: the model
+    # computes an issued product at its issue and again at its wait and raises where its
+    # operands changed between, or where a wait leaves the product read pending
+    rng = np.random.default_rng(7)
+    A = rng.integers(-4, 5, (64, 32)).astype(ml_dtypes.bfloat16).view(np.uint16)
+    B = rng.integers(-4, 5, (64, 32)).astype(ml_dtypes.bfloat16).view(np.uint16)
+    D, E = (np.zeros((128, 32), np.float32) for _ in range(2))
+    kernel, nbytes = in_flight_kernel(None)
+    kernel[1, 128, 0, nbytes](A, B, D, E)                      # used rightly: no error
+    assert np.isfinite(D).all() and (E != 0).any()
+    kernel, nbytes = in_flight_kernel(misuse)
+    with pytest.raises(wgmma16.InFlightHazard, match=message):
+        kernel[1, 128, 0, nbytes](A, B, D, E)
+
+
 def roundtrip_kernel(fmt):
     """bits[i] = pack_half2(x[2i], x[2i + 1]); lo[i], hi[i]: its halves unpacked again."""
     pack, unpack = wgmma16.make_pack_half2(fmt), wgmma16.make_unpack_half(fmt)

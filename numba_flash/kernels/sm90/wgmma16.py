@@ -39,7 +39,11 @@ On the simulator (no warpgroup-wide instructions) each thread computes its own e
 NumPy: the exact sum (float64) of the exact products, rounded to float32 once (the tensor
 core's own order of additions is not modelled), added to acc for mma_rs. A register A operand
 goes through `wgmma.SCRATCH` floats of the float32 view `sm` of shared memory at `scratch`
-(one barrier per product; unused on a GPU), as wgmma.py's register operands do.
+(one barrier per product; unused on a GPU), as wgmma.py's register operands do. Products
+issued asynchronously (ss_issue, rs_issue) are computed at their issue and again at the wait
+that retires them, and the model raises InFlightHazard where an operand changed meanwhile or
+an accumulator is read before its wait (`InFlight`): what a GPU, which reads the operands at
+any time in between, would get wrong.
 """
 
 import functools
@@ -88,6 +92,8 @@ def _check(fmt, n, K):
 
 
 if SIMULATOR:
+    import threading
+
     import ml_dtypes
 
     from .wgmma import exchange_buffer
@@ -154,42 +160,151 @@ if SIMULATOR:
             return (rows * KB + ks + STEP16 * (w // 4), r[:, None] * KB + k,
                     b_offset(c[:, None], k, KB))
 
-        @cuda.jit(device=True)
-        def mma_ss(sh, a_at, b_at):
-            ka, kb = ss_indices((cuda.threadIdx.x % WARPGROUP) // 32, cuda.threadIdx.x % 32)
+        def ss_entries(sh, a_at, b_at, tid):
+            """Thread tid's entries of A B^T, A and B read from sh now (float32 array)."""
+            ka, kb = ss_indices((tid % WARPGROUP) // 32, tid % 32)
             a = decode_host(sh[a_at + ka], fmt)
             b = decode_host(sh[b_at + kb], fmt)
             exact = (a.astype(np.float64) * b.astype(np.float64)).sum(axis=1)
-            return tuple(float32(x) for x in exact.astype(np.float32))
+            return exact.astype(np.float32)
 
         @cuda.jit(device=True)
-        def mma_rs(sh, sm, acc, a, b_at, scratch):
+        def rs_gather(sh, sm, a, b_at, scratch):
+            """The warpgroup's register A (64 x KB, through a gather buffer: one barrier) and
+            a function of it giving this thread's entries of A B^T, B read from sh when it
+            is called (float64 array: the exact sums, added to acc by accumulate)."""
             words, ka, kb = rs_indices((cuda.threadIdx.x % WARPGROUP) // 32,
                                        cuda.threadIdx.x % 32)
-            # the warpgroup's A (64 x KB floats) through a gather buffer, one barrier
             at = scratch + exchange_buffer("gather") * GATHER
             bits = np.asarray(a, np.uint32)
             sm[at + words] = decode_host((bits & 0xFFFF).astype(np.uint16), fmt)
             sm[at + words + 1] = decode_host((bits >> 16).astype(np.uint16), fmt)
             cuda.syncthreads()
             av = sm[at + ka].astype(np.float64)
-            bv = decode_host(sh[b_at + kb], fmt)
-            exact = (av * bv.astype(np.float64)).sum(axis=1)
+
+            def entries():
+                bv = decode_host(sh[b_at + kb], fmt)
+                return (av * bv.astype(np.float64)).sum(axis=1)
+            return entries
+
+        def accumulate(acc, exact):
+            """acc += the exact sums, rounded to float32 once."""
             for j in range(regs):
                 acc[j] = float32(np.float64(acc[j]) + exact[j])
-        return dict(mma_ss=mma_ss, mma_rs=mma_rs, ss_issue=mma_ss, rs_issue=mma_rs,
+
+        @cuda.jit(device=True)
+        def mma_ss(sh, a_at, b_at):
+            wait_all()                  # the instruction's own wait_group 0 retires every group
+            return tuple(float32(x) for x in ss_entries(sh, a_at, b_at, cuda.threadIdx.x))
+
+        @cuda.jit(device=True)
+        def mma_rs(sh, sm, acc, a, b_at, scratch):
+            wait_all()
+            accumulate(acc, rs_gather(sh, sm, a, b_at, scratch)())
+
+        @cuda.jit(device=True)
+        def ss_issue(sh, a_at, b_at):
+            tid = cuda.threadIdx.x
+            return InFlight.issue(lambda: ss_entries(sh, a_at, b_at, tid))
+
+        @cuda.jit(device=True)
+        def rs_issue(sh, sm, acc, a, b_at, scratch):
+            InFlight.issue(rs_gather(sh, sm, a, b_at, scratch), acc, a, accumulate)
+        return dict(mma_ss=mma_ss, mma_rs=mma_rs, ss_issue=ss_issue, rs_issue=rs_issue,
                     rs_descriptor=lambda sh, b_at: b_at, regs=regs)
+
+    class InFlightHazard(AssertionError):
+        """A kernel used a product in flight as a GPU does not allow (the simulator's model
+        below): an AssertionError, a failed check of the kernel as a wrong number is."""
+
+    class InFlight:
+        """Products issued asynchronously (ss_issue, rs_issue: one wgmma group each) on the
+        simulator. A GPU's wgmma reads its shared-memory operands at some time between its
+        issue and the wait_group that retires it, and its registers (A, and the accumulator
+        it adds into) must be left alone until then. So the model computes an issued product
+        twice, at its issue and at its retirement, and raises InFlightHazard where the two
+        differ (a tile written, or not yet ready, while it was in flight) or its registers
+        changed meanwhile; what ss_issue returns becomes the accumulators only at a wait that
+        retires it. Each simulated thread keeps its own groups in issue order (a
+        warpgroup's are the same in each of its threads), as exchange_buffer its turns."""
+
+        __slots__ = ("compute", "early", "acc", "acc_early", "a", "a_early", "add", "value")
+        _threads = threading.local()
+
+        def __init__(self, compute, acc=None, a=None, add=None):
+            self.compute, self.acc, self.a, self.add = compute, acc, a, add
+            self.early = compute()
+            self.acc_early = None if acc is None else np.array(acc, np.float32)
+            self.a_early = None if a is None else np.array(a, np.uint32)
+            self.value = None
+
+        @classmethod
+        def groups(cls):
+            """This simulated thread's groups in flight, oldest first."""
+            groups = getattr(cls._threads, "groups", None)
+            if groups is None:
+                groups = cls._threads.groups = []
+            return groups
+
+        @classmethod
+        def issue(cls, compute, acc=None, a=None, add=None):
+            """A new group: compute() -> the product's entries (an array); add(acc, entries)
+            where it accumulates into the array acc from register A words a."""
+            group = cls(compute, acc, a, add)
+            cls.groups().append(group)
+            return group
+
+        def retire(self):
+            late = self.compute()
+            if not np.array_equal(late, self.early, equal_nan=True):
+                raise InFlightHazard("a wgmma's shared-memory operand changed between its "
+                                     "issue and its wait (written, or not yet ready, while "
+                                     "the product was in flight)")
+            if self.acc is not None and not np.array_equal(
+                    np.asarray(self.acc, np.float32).view(np.uint32),
+                    self.acc_early.view(np.uint32)):
+                raise InFlightHazard("a wgmma's accumulator was written while it was in "
+                                     "flight")
+            if self.a is not None and not np.array_equal(np.asarray(self.a, np.uint32),
+                                                         self.a_early):
+                raise InFlightHazard("a wgmma's register A operand was written while it was "
+                                     "in flight")
+            if self.add is None:
+                self.value = tuple(float32(x) for x in late)
+            else:
+                self.add(self.acc, late)
+
+    def wait_groups(pending):
+        """wgmma.wait_group pending on the simulator: every group of this thread but the
+        `pending` newest retired, oldest first."""
+        groups = InFlight.groups()
+        while len(groups) > pending:
+            groups.pop(0).retire()
+
+    def wait_all():
+        wait_groups(0)
 
     @functools.lru_cache(maxsize=None)
     def make_wait(pending, acc_regs):
-        """(wait_s, wait_acc): identities, the products being complete on the simulator."""
+        """(wait_s, wait_acc) for wgmma.wait_group pending: the model's groups retired
+        (above); wait_s(s) -> the accumulators of ss_issue's s, which must be retired by then;
+        wait_acc(acc): no group left in flight adds into acc."""
         @device_function
         def wait_s(s):
-            return s
+            wait_groups(pending)
+            if not isinstance(s, InFlight):
+                raise TypeError(f"wait_s takes what ss_issue returned, got {type(s).__name__}")
+            if s.value is None:
+                raise InFlightHazard(f"a wgmma's accumulators read while it is in flight "
+                                     f"(wait_group {pending} leaves it pending)")
+            return s.value
 
         @device_function
         def wait_acc(acc):
-            pass
+            wait_groups(pending)
+            if any(group.acc is acc for group in InFlight.groups()):
+                raise InFlightHazard(f"a wgmma's accumulator array read while it is in "
+                                     f"flight (wait_group {pending} leaves it pending)")
         return wait_s, wait_acc
 else:
     from llvmlite import ir
