@@ -288,6 +288,15 @@ def test_wgmma16_causal_warpgroups_stop_at_their_own_diagonal(shape_q, shape_k):
     _check("bfloat16", shape_q, shape_k, True)
 
 
+def test_wgmma16_dq_in_flight_across_q_blocks_and_heads():
+    # backward16 at D = 64 leaves a Q block's dQ product in flight into the next step (dS in
+    # two buffers): 3 Q blocks a head and 2 query heads a key head, 6 steps a K/V block, the
+    # dQ of each added during the next one's S^T, dP^T (and across a change of head)
+    from numba_flash.kernels.sm90 import backward16
+    assert backward16.pipelined_dq(64) and backward16.ds_buffers(64) == 2
+    _check("bfloat16", (1, 4, 150, 32), (1, 2, 70, 32), False, seed=3)
+
+
 @pytest.mark.parametrize("d", [72, pytest.param(40, marks=pytest.mark.gpu),
                                pytest.param(128, marks=pytest.mark.gpu)])
 def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):

@@ -152,12 +152,16 @@ MUTANTS = {m.name: m for m in (
     Mutant("dS of both warpgroups in one place (wgmma16)", "backward", "sm90.backward16",
            "key = wg * uBM + row", "key = row", _B, "wgmma16", size="simulator-blocks"),
     # (the scale handed to both ways of adding dQ: the pairs of columns, which aligned inputs
-    # take, and the scalar atomics; an edit of the scalar line alone took 132 s of search on
-    # the simulator to meet a misaligned case, 2026-12-04)
+    # take, and the scalar atomics, and to every block's, pipelined or not; an edit of the
+    # scalar line alone took 132 s of search on the simulator to meet a misaligned case,
+    # 2026-12-04)
     Mutant("dQ added without scale (wgmma16)", "backward", "sm90.backward16",
-           "add_dq_all(dq, wait_s_last(part), bh, m0, wg * U(DQ_N), row, col_t, nq, d, scale)",
-           "add_dq_all(dq, wait_s_last(part), bh, m0, wg * U(DQ_N), row, col_t, nq, d, "
-           "float32(1.0))", _B, "wgmma16"),
+           "dq_scale = scale", "dq_scale = float32(1.0)", _B, "wgmma16"),
+    # at D = 64 a block's dQ product is waited for in the next step; the last one after the
+    # loop (a K/V block's whole dQ share of its last Q block lost without it)
+    Mutant("the last Q block's dQ never added (wgmma16)", "backward", "sm90.backward16",
+           "if PIPELINED and total > U(0):", "if PIPELINED and total < U(0):", _B,
+           "wgmma16"),
 )}
 
 

@@ -24,7 +24,10 @@ pair's backward (registry.py), after its forward (sm90/forward16.py).
                         both (one 128-row tile) read transposed; warpgroup w computes
                         head-dim columns w D / 2 .. (w + 1) D / 2 - 1 over all 128 keys,
                         times scale, added into dq (float32) with atomics: once per block of
-                        128 keys, half the atomics of a dQ per warpgroup
+                        128 keys, half the atomics of a dQ per warpgroup. At D = 64 the
+                        product is issued at the next step's first barrier and waited for,
+                        and its atomics issued, while that step's S^T and dP^T run (dS in
+                        two tiles in turn: pipelined_dq)
 K and V staged once, Q and dO in two stages (sm90.stage16): the next Q block arrives by
 cp.async while this one is computed on (synchronously where the arrays are not 16-byte
 aligned).
@@ -81,12 +84,26 @@ def make_load(fmt):
     return load
 
 
+def pipelined_dq(D):
+    """Whether the dK/dV kernel for D leaves a Q block's dQ product in flight into the next
+    step (issued after the step's last barrier, waited for and added into dq while the next
+    block's S^T and dP^T run on the tensor core; dS in two buffers): at D = 64. At D = 128
+    the kernel holds 254 registers without it, and dQ's 32 accumulators more would spill."""
+    return D == 64
+
+
+def ds_buffers(D):
+    """dS tiles in shared memory: two where a dQ product reads one while the next step's dS
+    is written (pipelined_dq), else one."""
+    return 2 if pipelined_dq(D) else 1
+
+
 def shared_bytes(D):
     """Bytes of shared memory the dK/dV kernel for D takes on a GPU: K and V of both
-    warpgroups, STAGES Q/dO blocks, the block's dS (64 queries x 128 keys, 16-bit), a Q
-    block's lse and D."""
+    warpgroups, STAGES Q/dO blocks, the block's dS (64 queries x 128 keys, 16-bit; ds_buffers
+    of them), a Q block's lse and D."""
     return 2 * (2 * WARPGROUPS * BLOCK * D + STAGES * 2 * BLOCK * D
-                + BLOCK * BLOCK_N) + 4 * 2 * BLOCK
+                + ds_buffers(D) * BLOCK * BLOCK_N) + 4 * 2 * BLOCK
 
 
 @functools.lru_cache(maxsize=None)
@@ -107,8 +124,10 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     TILE = BLOCK * D
     K_AT, V_AT = 0, WARPGROUPS * TILE
     QDO_AT = 2 * WARPGROUPS * TILE              # Q of stage b at QDO_AT + 2 TILE b, dO TILE on
-    DS_AT = QDO_AT + STAGES * 2 * TILE
-    ELEMENTS = DS_AT + BLOCK * BLOCK_N
+    DS_AT = QDO_AT + STAGES * 2 * TILE          # dS buffer u at DS_AT + DS_TILE u
+    DS_TILE = BLOCK * BLOCK_N
+    PIPELINED = pipelined_dq(D)
+    ELEMENTS = DS_AT + ds_buffers(D) * DS_TILE
     LSE_AT = ELEMENTS // 2                # floats: the Q block's lse and D (-inf, 0 past Nq)
     DSUM_AT = LSE_AT + BLOCK
     SCRATCH_AT = DSUM_AT + BLOCK          # the simulator's exchanges, per warpgroup
@@ -130,6 +149,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     # S^T and dP^T; dV and dK (dS stored meanwhile)
     wait_s_first, wait_acc_first = eng.make_wait(1, D // 2)
     wait_s_last, wait_acc_last = eng.make_wait(0, D // 2)
+    wait_dq_before, _ = eng.make_wait(2, D // 2)     # pipelined: dQ, then S^T and dP^T issued
     KT_PART = int(core_offset16_host(0, DQ_N, D))          # column D / 2 of the K tile
     stage_kv = make_stage_pair(BLOCK_N, D, asynchronous, THREADS)  # K, then V: tokens x d
     stage_q_block = make_stage_pair(BLOCK, D, asynchronous, THREADS)      # Q, then dO (the first)
@@ -187,14 +207,14 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])
 
     @inlined_device_function
-    def store_ds(sh, dpt, nt, key, col_t):
+    def store_ds(sh, ds_at, dpt, nt, key, col_t):
         """Entries 4 nt.. of dS^T (block keys key, key + 8: the warpgroup's rows), rounded,
-        into the block's dS tile (queries as rows, K-major over the 128 keys), as dQ = dS K's
-        A operand."""
+        into the block's dS tile at ds_at (queries as rows, K-major over the 128 keys), as
+        dQ = dS K's A operand."""
         for e in range(4):
             word = pack(dpt[4 * nt + e], dpt[4 * nt + e])
-            sh[U(DS_AT) + core_offset16(U(8 * nt + e % 2) + col_t, key + U(8 * (e // 2)),
-                                        U(BLOCK_N))] = uint16(word & U(0xFFFF))
+            sh[ds_at + core_offset16(U(8 * nt + e % 2) + col_t, key + U(8 * (e // 2)),
+                                     U(BLOCK_N))] = uint16(word & U(0xFFFF))
 
     @inlined_device_function
     def add_dq(dq, part, nt, bh, m0, c0, row, col_t, nq, d, scale):
@@ -258,6 +278,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         scratch = U(SCRATCH_AT) + wg * U(SCRATCH)
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         scale_log2 = scale * float32(LOG2E)
+        dq_scale = scale                # dQ = scale dS K, added where each block's is in
         g4, t4 = lane // U(4), lane % U(4)
         row, col_t = warp * U(16) + g4, t4 * U(2)
         j0, j1 = n0 + row, n0 + row + U(8)            # this thread's keys (accumulator rows)
@@ -299,9 +320,23 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
                 d_next = Dsum[first_head, m_start + tid]
         step = U(0)
         b = U(0)
+        ds_at = U(DS_AT)                # this step's dS tile (pipelined: two in turn)
+        ds_last = U(DS_AT + DS_TILE) if PIPELINED else U(DS_AT)   # the step before's
+        bh_last, m0_last = U(0), U(0)   # the Q block of the step before
         while step < total:
             bh = first_head + step // blocks
             m0 = m_start + (step % blocks) * uBM
+            if PIPELINED:
+                # the last block's dQ product (both warpgroups' dS stored and fenced for
+                # wgmma before this barrier) issued here and waited for once this block's
+                # S^T and dP^T are issued: it runs while they wait for this block's copies,
+                # and its atomics while they run. Nothing is in flight across the loop's
+                # back edge (ptxas serializes every wgmma of a kernel whose accumulators
+                # cross it: C7514). At the first step it reads the other dS tile, unwritten,
+                # and is not added.
+                fence()
+                cuda.syncthreads()
+                part = dq_part(sh, ds_last, U(K_AT) + wg * U(KT_PART))
             # this Q block's lse and D for every warp: the last block's were last read before
             # the barrier above dQ in the step before
             if wg == U(0) and tid < uBM:
@@ -334,6 +369,11 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
 
             s = score(sh, k_at, q_at)
             dp = score(sh, v_at, do_at)
+            if PIPELINED:
+                part = wait_dq_before(part)         # wait_group 2: S^T, dP^T stay in flight
+                if step > U(1):                     # (step counts this block already)
+                    add_dq_all(dq, part, bh_last, m0_last, wg * U(DQ_N), row, col_t, nq, d,
+                               dq_scale)
             s = wait_s_first(s)
             dp = wait_s_last(dp)
             # entries: keys (rows) j0, j1; queries (columns) 8 nt + col_t + 0, 1
@@ -353,22 +393,33 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             grad_issue(sh, sm, dv_acc, words, do_desc, scratch)
             grad_issue(sh, sm, dk_acc, words_ds, q_desc, scratch)
             # dS (rows: the queries) into shared memory for dQ = dS K
-            store_ds(sh, dpt, 0, key, col_t)
-            store_ds(sh, dpt, 1, key, col_t)
-            store_ds(sh, dpt, 2, key, col_t)
-            store_ds(sh, dpt, 3, key, col_t)
-            store_ds(sh, dpt, 4, key, col_t)
-            store_ds(sh, dpt, 5, key, col_t)
-            store_ds(sh, dpt, 6, key, col_t)
-            store_ds(sh, dpt, 7, key, col_t)
+            store_ds(sh, ds_at, dpt, 0, key, col_t)
+            store_ds(sh, ds_at, dpt, 1, key, col_t)
+            store_ds(sh, ds_at, dpt, 2, key, col_t)
+            store_ds(sh, ds_at, dpt, 3, key, col_t)
+            store_ds(sh, ds_at, dpt, 4, key, col_t)
+            store_ds(sh, ds_at, dpt, 5, key, col_t)
+            store_ds(sh, ds_at, dpt, 6, key, col_t)
+            store_ds(sh, ds_at, dpt, 7, key, col_t)
             wait_acc_first(dv_acc)
             wait_acc_last(dk_acc)
+            if not PIPELINED:
+                fence()
+                cuda.syncthreads()
+                # dQ of the block's 128 keys: this warpgroup's D / 2 head-dim columns
+                part = dq_part(sh, ds_at, U(K_AT) + wg * U(KT_PART))
+                add_dq_all(dq, wait_s_last(part), bh, m0, wg * U(DQ_N), row, col_t, nq, d,
+                           dq_scale)
+            else:       # the dS tiles in turn: this one is read by the next step's dQ
+                ds_at, ds_last = ds_last, ds_at
+            bh_last, m0_last = bh, m0
+            b ^= U(1)
+        if PIPELINED and total > U(0):      # the last block's dQ
             fence()
             cuda.syncthreads()
-            # dQ of the block's 128 keys: this warpgroup's D / 2 head-dim columns
-            part = dq_part(sh, U(DS_AT), U(K_AT) + wg * U(KT_PART))
-            add_dq_all(dq, wait_s_last(part), bh, m0, wg * U(DQ_N), row, col_t, nq, d, scale)
-            b ^= U(1)
+            part = dq_part(sh, ds_last, U(K_AT) + wg * U(KT_PART))
+            add_dq_all(dq, wait_s_last(part), bh_last, m0_last, wg * U(DQ_N), row, col_t, nq,
+                       d, dq_scale)
         if asynchronous and total == U(0):
             copies_wait_all()               # K's and V's copies, never waited for
 
