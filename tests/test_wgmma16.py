@@ -193,6 +193,35 @@ def test_simulated_products_in_flight_catch_what_a_gpu_would_get_wrong(misuse, m
         kernel[1, 128, 0, nbytes](A, B, D, E)
 
 
+def test_store_transposed4_stores_each_matrix_transposed_at_its_lanes_rows():
+    # stmatrix.x4.trans (the model on the simulator): word m of lane L = 4 g + t holds
+    # elements (g, 2t), (g, 2t + 1) of matrix m; lane 8 m + c gives the address of row c of
+    # the stored matrix m, whose position g is element (g, c). Each warp of a warpgroup stores
+    # its four 8 x 8 matrices into 256 elements of its own, matrix m's row c at 8 (8 m + c)
+    @cuda.jit
+    def store(out):
+        sh = cuda.shared.array(0, uint16, alignment=ALIGN)
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        tid = cuda.threadIdx.x
+        warp, lane = tid // 32, tid % 32
+        g, t = lane // 4, lane % 4
+        words = cuda.local.array(4, uint32)
+        for m in range(4):
+            lo = m * 64 + g * 8 + 2 * t
+            words[m] = uint32(lo | ((lo + 1) << 16))
+        wgmma16.store_transposed4(sh, sm, warp * 256 + lane * 8, words, 0, 512)
+        cuda.syncthreads()
+        for i in range(tid, 1024, 128):
+            out[i] = sh[i]
+
+    out = np.zeros(1024, np.uint16)
+    store[1, 128, 0, 2048 + 4 * wgmma.SCRATCH](out)   # 1024 elements, then the scratch
+    m, c, g = np.meshgrid(np.arange(4), np.arange(8), np.arange(8), indexing="ij")
+    expected = (m * 64 + g * 8 + c).astype(np.uint16).reshape(256)   # at 8 (8 m + c) + g
+    for warp in range(4):
+        np.testing.assert_array_equal(out[256 * warp:256 * (warp + 1)], expected)
+
+
 def roundtrip_kernel(fmt):
     """bits[i] = pack_half2(x[2i], x[2i + 1]); lo[i], hi[i]: its halves unpacked again."""
     pack, unpack = wgmma16.make_pack_half2(fmt), wgmma16.make_unpack_half(fmt)

@@ -189,12 +189,12 @@ def engine(name, wgmma):
     module's mma.sync products, no fence, dQ by scalar atomics). The caller passes the wgmma
     functions it imported, so that a mutant of wgmma16 (testing.mutants, which substitutes a
     kernel module's names) reaches them. A namespace: products16, make_wait, fence,
-    vector_dq."""
+    vector_dq, stmatrix (whether 16-bit tiles may be stored by stmatrix, sm_90's)."""
     if name == "wgmma":
         products16_, make_wait_, fence = wgmma
         return SimpleNamespace(name=name, products16=products16_, make_wait=make_wait_,
-                               fence=fence, vector_dq=True)
+                               fence=fence, vector_dq=True, stmatrix=True)
     if name == "mma":
         return SimpleNamespace(name=name, products16=products16, make_wait=make_wait,
-                               fence=no_fence, vector_dq=False)
+                               fence=no_fence, vector_dq=False, stmatrix=False)
     raise ValueError(f"engine must be 'wgmma' or 'mma', got {name!r}")

@@ -20,7 +20,9 @@ pair's backward (registry.py), after its forward (sm90/forward16.py).
                         transposed from its tile (wgmma16's b_rows: no transposed copies)
       dK += dS^T Q      A = dS^T likewise, B = Q likewise; dK times scale at the end
       dQ += dS K        both warpgroups' dS written to one 64 x 128 tile in shared memory
-                        (queries as rows, the block's 128 keys as the contraction), B = K of
+                        (queries as rows, the block's 128 keys as the contraction; on wgmma
+                        the rounded words of dK's A operand stored transposed by stmatrix,
+                        four a thread, wgmma16.store_transposed4), B = K of
                         both (one 128-row tile) read transposed; warpgroup w computes
                         head-dim columns w D / 2 .. (w + 1) D / 2 - 1 over all 128 keys,
                         times scale, added into dq (float32) with atomics: once per block of
@@ -61,7 +63,7 @@ from .softmax import LOG2E
 from .stage16 import make_plan, make_stage_pair
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
 from .wgmma16 import (core_offset16, core_offset16_host, make_pack_half2, make_unpack_half,
-                      make_wait, products16)
+                      make_wait, products16, store_transposed4)
 
 P_WORDS = REGS // 2         # a 64 x 64 accumulator rounded, two entries to a word
 HALF_D = 64                 # dK's and dV's head-dim columns per written-out group
@@ -137,6 +139,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     eng = engine(products, (products16, make_wait, fence_proxy_async))
     fence = eng.fence
     vector_dq = asynchronous and eng.vector_dq      # red.global.add.v2.f32 is sm_90's
+    transposed_ds = eng.stmatrix                    # dS stored by stmatrix (sm_90)
     score = eng.products16(BLOCK, D, BLOCK, fmt)["ss_issue"]     # 64 keys x 64 queries, K = D
     # 64 keys x D, K = 64 queries, B = dO or Q read transposed from its tile
     grad = eng.products16(D, D, BLOCK, fmt, b_rows=D)
@@ -215,6 +218,18 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             word = pack(dpt[4 * nt + e], dpt[4 * nt + e])
             sh[ds_at + core_offset16(U(8 * nt + e % 2) + col_t, key + U(8 * (e // 2)),
                                      U(BLOCK_N))] = uint16(word & U(0xFFFF))
+
+    @inlined_device_function
+    def store_ds4(sh, sm, ds_at, words_ds, i, wg, warp, lane, scratch):
+        """dS^T's rounded words 4 i..4 i + 3 (entries of column groups 2 i, 2 i + 1, rows g
+        and g + 8, packed in pairs: four 8 x 8 matrices) into the block's dS tile by one
+        stmatrix.trans (wgmma16.store_transposed4): lane L gives the row of matrix m = L // 8
+        that holds query 8 (2 i + m // 2) + L % 8, at the warp's keys 8 (m % 2) on."""
+        m = lane // U(8)
+        query = U(16 * i) + (m // U(2)) * U(8) + lane % U(8)
+        key = wg * uBM + warp * U(16) + (m % U(2)) * U(8)
+        store_transposed4(sh, sm, ds_at + core_offset16(query, key, U(BLOCK_N)), words_ds,
+                          4 * i, scratch)
 
     @inlined_device_function
     def add_dq(dq, part, nt, bh, m0, c0, row, col_t, nq, d, scale):
@@ -392,15 +407,23 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             do_desc, q_desc = grad_descriptor(sh, do_at), grad_descriptor(sh, q_at)
             grad_issue(sh, sm, dv_acc, words, do_desc, scratch)
             grad_issue(sh, sm, dk_acc, words_ds, q_desc, scratch)
-            # dS (rows: the queries) into shared memory for dQ = dS K
-            store_ds(sh, ds_at, dpt, 0, key, col_t)
-            store_ds(sh, ds_at, dpt, 1, key, col_t)
-            store_ds(sh, ds_at, dpt, 2, key, col_t)
-            store_ds(sh, ds_at, dpt, 3, key, col_t)
-            store_ds(sh, ds_at, dpt, 4, key, col_t)
-            store_ds(sh, ds_at, dpt, 5, key, col_t)
-            store_ds(sh, ds_at, dpt, 6, key, col_t)
-            store_ds(sh, ds_at, dpt, 7, key, col_t)
+            # dS (rows: the queries) into shared memory for dQ = dS K: the words of dK's
+            # A operand, transposed by stmatrix on sm_90 (4 a thread); element by element
+            # on mma.sync (sm_80)
+            if transposed_ds:
+                store_ds4(sh, sm, ds_at, words_ds, 0, wg, warp, lane, scratch)
+                store_ds4(sh, sm, ds_at, words_ds, 1, wg, warp, lane, scratch)
+                store_ds4(sh, sm, ds_at, words_ds, 2, wg, warp, lane, scratch)
+                store_ds4(sh, sm, ds_at, words_ds, 3, wg, warp, lane, scratch)
+            else:
+                store_ds(sh, ds_at, dpt, 0, key, col_t)
+                store_ds(sh, ds_at, dpt, 1, key, col_t)
+                store_ds(sh, ds_at, dpt, 2, key, col_t)
+                store_ds(sh, ds_at, dpt, 3, key, col_t)
+                store_ds(sh, ds_at, dpt, 4, key, col_t)
+                store_ds(sh, ds_at, dpt, 5, key, col_t)
+                store_ds(sh, ds_at, dpt, 6, key, col_t)
+                store_ds(sh, ds_at, dpt, 7, key, col_t)
             wait_acc_first(dv_acc)
             wait_acc_last(dk_acc)
             if not PIPELINED:

@@ -32,6 +32,12 @@ SBO = 128 bytes (the next 8 of N: the next core matrix of the row group) and LBO
                                 each the two 16-bit values of its (row, k), (row, k + 1), the
                                 lower k in the low half (pack_half2); acc a local float32
                                 array of n / 2 entries, accumulated in the tensor core.
+    store_transposed4(sh, sm, at, words, first, scratch)
+                                stmatrix.x4.trans (sm_90): four 8 x 8 16-bit matrices, words
+                                first..first + 3 of each thread (matrix m's element (g, 2t),
+                                (g, 2t + 1) in word first + m: an accumulator's fragment packed
+                                in pairs), stored transposed: its column c becomes the 16 bytes
+                                at element offset `at` of lane 8 m + c, row position g.
     pack_half2(lo, hi)          two float32 rounded to the format (nearest even) in one uint32.
     unpack_half(bits)           the float32 value of a 16-bit pattern (uint32, low half).
 
@@ -54,7 +60,7 @@ from numba import cuda, float32, types, uint32, uint64
 from reference.precision import HALF_FORMATS
 
 from ..support import SIMULATOR, device_function
-from .wgmma import GATHER, WARPGROUP
+from .wgmma import GATHER, QUAD, WARPGROUP
 
 STEP16 = 16        # contraction per wgmma for 16-bit operands (K)
 CORE16 = 64        # elements per core matrix (8 rows x 8)
@@ -132,6 +138,22 @@ if SIMULATOR:
         def unpack_half(bits):
             return float32(decode_host(np.array([np.uint32(bits) & 0xFFFF], np.uint16), fmt)[0])
         return unpack_half
+
+    @cuda.jit(device=True)
+    def store_transposed4(sh, sm, at, words, first, scratch):
+        # the warp's row offsets through the quad exchange buffer (one barrier), then each
+        # thread stores its own halves where the lanes that give those rows point
+        tid = cuda.threadIdx.x % WARPGROUP
+        base = scratch + 2 * GATHER + exchange_buffer("quad") * QUAD
+        sm[base + tid] = at
+        cuda.syncthreads()
+        lane0 = base + tid - tid % 32
+        g, t = (tid % 32) // 4, tid % 4
+        for m in range(4):
+            word = int(words[first + m])
+            for half in range(2):
+                row = int(sm[lane0 + 8 * m + 2 * t + half])
+                sh[row + g] = (word >> (16 * half)) & 0xFFFF
 
     def _products16(n, KA, KB, fmt, b_rows):
         """products16 on the simulator: NumPy models."""
@@ -351,6 +373,28 @@ else:
                 return builder.call(ir.InlineAsm(fn, text, "=f,r"), list(args))
             return types.float32(bits), codegen
         return unpack_half
+
+    @intrinsic
+    def _stmatrix_x4_trans(typingctx, address, w0, w1, w2, w3):
+        if not all(x == types.uint32 for x in (address, w0, w1, w2, w3)):
+            return None
+
+        def codegen(context, builder, sig, args):
+            i32 = ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] * 5),
+                               "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [$0], "
+                               "{$1, $2, $3, $4};", "r,r,r,r,r,~{memory}", side_effect=True)
+            builder.call(asm, list(args))
+            return context.get_dummy_value()
+        return types.void(address, w0, w1, w2, w3), codegen
+
+    @cuda.jit(device=True, forceinline=True)
+    def store_transposed4(sh, sm, at, words, first, scratch):
+        # (numba types uint32 arithmetic as 64-bit: the address cast back)
+        _stmatrix_x4_trans(uint32(shared_address(sh) + uint32(2) * uint32(at)),
+                           uint32(words[first]),
+                           uint32(words[first + 1]), uint32(words[first + 2]),
+                           uint32(words[first + 3]))
 
     _OPERAND = {types.uint32: (ir.IntType(32), "r"), types.uint64: (ir.IntType(64), "l")}
 
