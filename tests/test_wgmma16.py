@@ -193,11 +193,14 @@ def test_simulated_products_in_flight_catch_what_a_gpu_would_get_wrong(misuse, m
         kernel[1, 128, 0, nbytes](A, B, D, E)
 
 
-def test_store_transposed4_stores_each_matrix_transposed_at_its_lanes_rows():
+@pytest.mark.parametrize("threads", [128, pytest.param(256, marks=pytest.mark.gpu)])
+def test_store_transposed4_stores_each_matrix_transposed_at_its_lanes_rows(threads):
     # stmatrix.x4.trans (the model on the simulator): word m of lane L = 4 g + t holds
     # elements (g, 2t), (g, 2t + 1) of matrix m; lane 8 m + c gives the address of row c of
-    # the stored matrix m, whose position g is element (g, c). Each warp of a warpgroup stores
-    # its four 8 x 8 matrices into 256 elements of its own, matrix m's row c at 8 (8 m + c)
+    # the stored matrix m, whose position g is element (g, c). Each warp stores its four 8 x 8
+    # matrices into 256 elements of its own, matrix m's row c at 8 (8 m + c)
+    n = 8 * threads             # elements stored: 256 a warp
+
     @cuda.jit
     def store(out):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)
@@ -209,16 +212,18 @@ def test_store_transposed4_stores_each_matrix_transposed_at_its_lanes_rows():
         for m in range(4):
             lo = m * 64 + g * 8 + 2 * t
             words[m] = uint32(lo | ((lo + 1) << 16))
-        wgmma16.store_transposed4(sh, sm, warp * 256 + lane * 8, words, 0, 512)
+        # the simulator's exchange at float n / 2 (byte 2 n), past the stored elements
+        wgmma16.store_transposed4(sh, sm, warp * 256 + lane * 8, words, 0,
+                                  n // 2 + (tid // 128) * wgmma.SCRATCH)
         cuda.syncthreads()
-        for i in range(tid, 1024, 128):
+        for i in range(tid, n, threads):
             out[i] = sh[i]
 
-    out = np.zeros(1024, np.uint16)
-    store[1, 128, 0, 2048 + 4 * wgmma.SCRATCH](out)   # 1024 elements, then the scratch
+    out = np.zeros(n, np.uint16)
+    store[1, threads, 0, 2 * n + 4 * wgmma.SCRATCH * (threads // 128)](out)
     m, c, g = np.meshgrid(np.arange(4), np.arange(8), np.arange(8), indexing="ij")
     expected = (m * 64 + g * 8 + c).astype(np.uint16).reshape(256)   # at 8 (8 m + c) + g
-    for warp in range(4):
+    for warp in range(threads // 32):
         np.testing.assert_array_equal(out[256 * warp:256 * (warp + 1)], expected)
 
 
