@@ -147,13 +147,14 @@ MUTANTS = {m.name: m for m in (
            "at = U(QDO_AT) + b * U(2 * TILE)", _B, "wgmma16",
            size="simulator-blocks"),
     Mutant("dS matrices stored at the wrong keys (wgmma16)", "backward", "sm90.backward16",
-           "key = wg * uBM + warp * U(16) + (m % U(2)) * U(8)",
-           "key = wg * uBM + warp * U(16) + (m // U(2)) * U(8)", _B, "wgmma16"),
+           "warp * U(16) + (m % U(2)) * U(8)", "warp * U(16) + (m // U(2)) * U(8)", _B,
+           "wgmma16"),
     Mutant("D left out of dS (wgmma16)", "backward", "sm90.backward16",
            "dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])", "dpt[jj] = p * dp[jj]", _B,
            "wgmma16"),
     Mutant("dS of both warpgroups in one place (wgmma16)", "backward", "sm90.backward16",
-           "key = wg * uBM + row", "key = row", _B, "wgmma16", size="simulator-blocks"),
+           "key = wg * uBM + warp * U(16)", "key = warp * U(16)", _B, "wgmma16",
+           size="simulator-blocks"),
     # (the scale handed to both ways of adding dQ: the pairs of columns, which aligned inputs
     # take, and the scalar atomics, and to every block's, pipelined or not; an edit of the
     # scalar line alone took 132 s of search on the simulator to meet a misaligned case,
