@@ -153,6 +153,8 @@ MUTANTS = {m.name: m for m in (
            "if VISIBLE_STEPS and m0 + uBM <= nq and n0 + uBM <= nk and",
            "if VISIBLE_STEPS and m0 <= nq and n0 + uBM <= nk and", _B, "wgmma16",
            size="simulator-blocks"),
+    Mutant("the next query head never taken (wgmma16)", "backward", "sm90.backward16",
+           "if m1 == m_end:", "if m1 > m_end:", _B, "wgmma16"),
     Mutant("D left out of dS (wgmma16)", "backward", "sm90.backward16",
            "dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])", "dpt[jj] = p * dp[jj]", _B,
            "wgmma16"),

@@ -359,9 +359,9 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         ds_at = U(DS_AT)                # this step's dS tile (pipelined: two in turn)
         ds_last = U(DS_AT + DS_TILE) if PIPELINED else U(DS_AT)   # the step before's
         bh_last, m0_last = U(0), U(0)   # the Q block of the step before
+        bh, m0 = first_head, m_start    # this step's query head and Q block (the heads' Q
+        m_end = m_start + blocks * uBM  # blocks in turn, counted on: no division a step)
         while step < total:
-            bh = first_head + step // blocks
-            m0 = m_start + (step % blocks) * uBM
             if PIPELINED:
                 # the last block's dQ product (both warpgroups' dS stored and fenced for
                 # wgmma before this barrier) issued here and waited for once this block's
@@ -387,9 +387,10 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             fence()
             cuda.syncthreads()
             step += U(1)
+            bh1, m1 = bh, m0 + uBM          # the next step's
+            if m1 == m_end:
+                bh1, m1 = bh + U(1), m_start
             if step < total:
-                bh1 = first_head + step // blocks
-                m1 = m_start + (step % blocks) * uBM
                 at = U(QDO_AT) + (b ^ U(1)) * U(2 * TILE)
                 if asynchronous:        # by the plan: where this thread's chunks go, once
                     plan_stage_pair(sh, at, q, dout, uint64(bh1) * head_bytes
@@ -457,6 +458,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             else:       # the dS tiles in turn: this one is read by the next step's dQ
                 ds_at, ds_last = ds_last, ds_at
             bh_last, m0_last = bh, m0
+            bh, m0 = bh1, m1
             b ^= U(1)
         if PIPELINED and total > U(0):      # the last block's dQ
             fence()
