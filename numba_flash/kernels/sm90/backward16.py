@@ -53,9 +53,9 @@ from ..backward_fa2 import (check_tiles as fa2_check, run_backward as run_fa2,
                             shared_bytes as fa2_shared_bytes)
 from ..mma16 import engine
 from ..support import (ALIGN, NEG_INF, SHARED_PER_BLOCK_LEAST, SIMULATOR, U, Launcher,
-                       exp2_approx,
-                       ceil_div, head_grid, head_index, inlined_device_function, kernel_jit,
-                       make_recompute_p, simulator_launch, simulator_switch_interval)
+                       ceil_div, exp2_approx, head_grid, head_index, inlined_device_function,
+                       kernel_jit, make_recompute_p, simulator_launch,
+                       simulator_switch_interval)
 from ..vector_io import AlignedDispatch, add2, make_copies_wait
 from ..backward import run_preprocess
 from .backward import check_tiles, run_backward as run_tf32, tiles

@@ -127,12 +127,20 @@ if SIMULATOR:
         return n % 2
 
     @cuda.jit(device=True)
-    def _quad_values(sm, at, x):
+    def exchange_in_warp(sm, at, x):
+        """Every thread posts x (one float) in its warpgroup's exchange buffer at `at`, one
+        barrier (every thread of the block calls it); returns where in sm the values of
+        this thread's warp begin (lane l's at that + l)."""
         tid = cuda.threadIdx.x % WARPGROUP
         base = at + 2 * GATHER + exchange_buffer("quad") * QUAD
         sm[base + tid] = x
         cuda.syncthreads()
-        b = base + tid - tid % 4
+        return base + tid - tid % 32
+
+    @cuda.jit(device=True)
+    def _quad_values(sm, at, x):
+        lane = cuda.threadIdx.x % 32
+        b = exchange_in_warp(sm, at, x) + lane - lane % 4
         return sm[b], sm[b + 1], sm[b + 2], sm[b + 3]
 
     @cuda.jit(device=True)
@@ -150,11 +158,7 @@ if SIMULATOR:
     @cuda.jit(device=True)
     def warp_any(sm, at, pred):
         """True where pred is true in any thread of this thread's warp."""
-        tid = cuda.threadIdx.x % WARPGROUP
-        base = at + 2 * GATHER + exchange_buffer("quad") * QUAD
-        sm[base + tid] = 1.0 if pred else 0.0
-        cuda.syncthreads()
-        w = base + tid - tid % 32
+        w = exchange_in_warp(sm, at, 1.0 if pred else 0.0)
         return max(sm[w:w + 32]) != 0.0
 else:
     @cuda.jit(device=True)

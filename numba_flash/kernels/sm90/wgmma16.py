@@ -60,7 +60,7 @@ from numba import cuda, float32, types, uint32, uint64
 from reference.precision import HALF_FORMATS
 
 from ..support import SIMULATOR, device_function
-from .wgmma import GATHER, QUAD, WARPGROUP
+from .wgmma import GATHER, WARPGROUP
 
 STEP16 = 16        # contraction per wgmma for 16-bit operands (K)
 CORE16 = 64        # elements per core matrix (8 rows x 8)
@@ -102,7 +102,7 @@ if SIMULATOR:
 
     import ml_dtypes
 
-    from .wgmma import exchange_buffer
+    from .wgmma import exchange_buffer, exchange_in_warp
 
     def decode_host(bits, fmt):
         """float32 values of 16-bit patterns (uint16 array) in format fmt."""
@@ -141,14 +141,11 @@ if SIMULATOR:
 
     @cuda.jit(device=True)
     def store_transposed4(sh, sm, at, words, first, scratch):
-        # the warp's row offsets through the quad exchange buffer (one barrier), then each
-        # thread stores its own halves where the lanes that give those rows point
-        tid = cuda.threadIdx.x % WARPGROUP
-        base = scratch + 2 * GATHER + exchange_buffer("quad") * QUAD
-        sm[base + tid] = at
-        cuda.syncthreads()
-        lane0 = base + tid - tid % 32
-        g, t = (tid % 32) // 4, tid % 4
+        # the warp's row offsets exchanged (one barrier), then each thread stores its own
+        # halves where the lanes that give those rows point
+        lane0 = exchange_in_warp(sm, scratch, at)
+        lane = cuda.threadIdx.x % 32
+        g, t = lane // 4, lane % 4
         for m in range(4):
             word = int(words[first + m])
             for half in range(2):
