@@ -409,8 +409,28 @@ class _SwitchIntervalLaunch:
 
         def run(*args):
             with simulator_switch_interval():
-                launch(*args)
+                try:
+                    launch(*args)
+                except BaseException:
+                    join_simulator_threads()
+                    raise
         return run
+
+
+def join_simulator_threads():
+    """On the simulator, wait for the threads of a kernel that raised. numba-cuda's simulator
+    re-raises a thread's exception at once and only tells the others to abort at their next
+    barrier: a thread past its last barrier runs on to the kernel's end, inside device
+    functions whose modules' `cuda` it has swapped for the kernel's fake one (and back on
+    leaving). A kernel made meanwhile in the same module (a wgmma16 product's factory after a
+    test that expects InFlightHazard) found that module's `cuda` faked ("'FakeCUDAModule' has
+    no attribute 'jit'", 2026-12-05). Nothing on a GPU."""
+    if not SIMULATOR:
+        return
+    from numba.cuda.simulator.kernel import BlockThread
+    for t in threading.enumerate():
+        if isinstance(t, BlockThread) and t is not threading.current_thread():
+            t.join()
 
 
 def simulator_launch(kernel):
