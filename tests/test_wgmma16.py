@@ -198,15 +198,19 @@ def test_simulated_products_in_flight_catch_what_a_gpu_would_get_wrong(misuse, m
 
 
 @pytest.mark.parametrize("threads", [128, pytest.param(256, marks=pytest.mark.gpu)])
-def test_store_transposed4_stores_each_matrix_transposed_at_its_lanes_rows(threads):
-    # stmatrix.x4.trans (the model on the simulator): word m of lane L = 4 g + t holds
-    # elements (g, 2t), (g, 2t + 1) of matrix m; lane 8 m + c gives the address of row c of
-    # the stored matrix m, whose position g is element (g, c). Each warp stores its four 8 x 8
-    # matrices into 256 elements of its own, matrix m's row c at 8 (8 m + c)
+@pytest.mark.parametrize("transposed", [True, False])
+def test_stmatrix_stores_each_matrix_at_its_lanes_rows(threads, transposed):
+    # stmatrix.x4 (the model on the simulator): word m of lane L = 4 g + t holds elements
+    # (g, 2t), (g, 2t + 1) of matrix m; lane 8 m + c gives the address of row c of the stored
+    # matrix m. store_transposed4 stores matrix m transposed (row c's position g is element
+    # (g, c)), store_rows4 as it is (row g's position c is element (g, c)). Each warp stores
+    # its four 8 x 8 matrices into 256 elements of its own, matrix m's row c at 8 (8 m + c);
+    # load_shared16 reads them back 16 bytes a lane
     n = 8 * threads             # elements stored: 256 a warp
+    store4 = wgmma16.store_transposed4 if transposed else wgmma16.store_rows4
 
     @cuda.jit
-    def store(out):
+    def store(out, loaded):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
         tid = cuda.threadIdx.x
@@ -217,19 +221,26 @@ def test_store_transposed4_stores_each_matrix_transposed_at_its_lanes_rows(threa
             lo = m * 64 + g * 8 + 2 * t
             words[m] = uint32(lo | ((lo + 1) << 16))
         # the simulator's exchange at float n / 2 (byte 2 n), past the stored elements
-        wgmma16.store_transposed4(sh, sm, warp * 256 + lane * 8, words, 0,
-                                  n // 2 + (tid // 128) * wgmma.SCRATCH)
+        store4(sh, sm, warp * 256 + lane * 8, words, 0, n // 2 + (tid // 128) * wgmma.SCRATCH)
         cuda.syncthreads()
         for i in range(tid, n, threads):
             out[i] = sh[i]
+        chunk = wgmma16.load_shared16(sh, warp * 256 + lane * 8)
+        for w in range(4):
+            loaded[tid, w] = chunk[w]
 
     out = np.zeros(n, np.uint16)
+    loaded = np.zeros((threads, 4), np.uint32)
     scratch = 4 * wgmma.SCRATCH * (threads // 128) if SIMULATOR else 0    # (> 48 KiB)
-    store[1, threads, 0, 2 * n + scratch](out)
+    store[1, threads, 0, 2 * n + scratch](out, loaded)
     m, c, g = np.meshgrid(np.arange(4), np.arange(8), np.arange(8), indexing="ij")
-    expected = (m * 64 + g * 8 + c).astype(np.uint16).reshape(256)   # at 8 (8 m + c) + g
+    if transposed:
+        expected = (m * 64 + g * 8 + c).astype(np.uint16).reshape(256)   # at 8 (8 m + c) + g
+    else:
+        expected = np.arange(256, dtype=np.uint16)                       # at 8 (8 m + g) + c
     for warp in range(threads // 32):
         np.testing.assert_array_equal(out[256 * warp:256 * (warp + 1)], expected)
+    np.testing.assert_array_equal(loaded, out.view(np.uint32).reshape(threads, 4))
 
 
 def roundtrip_kernel(fmt):
@@ -325,6 +336,23 @@ def test_wgmma16_within_the_half_tolerance(fmt, shape_q, shape_k, causal):
                                              ((2, 1, 250, 13), (2, 1, 20, 13))])
 def test_wgmma16_causal_warpgroups_stop_at_their_own_diagonal(shape_q, shape_k):
     _check("bfloat16", shape_q, shape_k, True)
+
+
+# unmasked, d a multiple of 8 (cp.async): the persistent forward, 3 blocks on the simulator
+# (forward16.resident_blocks). 150 x 100, 4 query heads on 2 key heads: 8 tiles (two query
+# blocks a head, the second partial), 3, 3 and 2 a block, each of two K/V blocks, every next
+# tile's Q and first block staged during a tile's last step; 70 x 40: one K/V block a tile
+# (the next tile staged at its first step)
+@pytest.mark.parametrize("shape_q,shape_k", [((1, 4, 150, 16), (1, 2, 100, 16)),
+                                             ((2, 2, 70, 8), (2, 2, 40, 8))])
+def test_wgmma16_persistent_blocks_take_several_tiles(shape_q, shape_k):
+    assert forward16.persistent_kernel(False, True, "wgmma")
+    assert forward16.resident_blocks(64) < shape_q[0] * shape_q[1] * -(-shape_q[2] // 128)
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal(shape_q).astype(ml_dtypes.bfloat16)
+    k, v = (rng.standard_normal(shape_k).astype(ml_dtypes.bfloat16) for _ in range(2))
+    out, lse = flash_attention_forward(q, k, v, kernel="wgmma16")
+    assert_within_tolerance(check_forward(q, k, v, out, lse))
 
 
 def test_wgmma16_dq_in_flight_across_q_blocks_and_heads():

@@ -14,7 +14,7 @@ import functools
 
 from numba import cuda
 
-from .support import ALIGN, SIMULATOR, U  # noqa: F401 (ALIGN: the fa2 kernels')
+from .support import ALIGN, SIMULATOR, U, warp_barrier  # noqa: F401 (ALIGN, warp_barrier: the fa2 kernels')
 from .vector_io import VECTOR
 
 CHUNK = 4      # elements per vector load (16 bytes in float32; float64 reads two v2)
@@ -32,16 +32,6 @@ def lanes_for_head_dim(head_dim):
     while tx > 4 and tx * CHUNK >= 2 * head_dim:
         tx //= 2
     return tx
-
-
-@cuda.jit(**DEVICE)
-def warp_barrier():
-    """Barrier for data that stays inside a warp (rows owned by one warp); the simulator has
-    no syncwarp, so there it is a block barrier."""
-    if SIMULATOR:
-        cuda.syncthreads()
-    else:
-        cuda.syncwarp()
 
 
 @functools.lru_cache(maxsize=None)

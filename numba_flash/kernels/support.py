@@ -71,6 +71,16 @@ def inlined_device_function(fn):
     return fn if SIMULATOR else cuda.jit(device=True, forceinline=True)(fn)
 
 
+@cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True)
+def warp_barrier():
+    """Barrier for data that stays inside a warp (rows owned by one warp); the simulator has
+    no syncwarp, so there it is a block barrier (every thread of the block calls it)."""
+    if SIMULATOR:
+        cuda.syncthreads()
+    else:
+        cuda.syncwarp()
+
+
 def ceil_div(a, b):
     return -(-a // b)
 

@@ -3,6 +3,8 @@
 load4(src, head, row, col) returns src[head, row, col : col + 4] as a 4-tuple (ld.global.v4.f32
 in float32; two ld.global.v2.f64 in float64).
 store4(dst, head, row, col, x) writes the 4-tuple x there (st.global.v4.f32).
+store_words(dst, head, row, col, w) writes the four uint32 words w (16 bytes: 8 elements of a
+16-bit dst, their low halves first) at dst[head, row, col:] (st.global.v4.u32).
 add4(dst, head, row, col, x) adds x there atomically, one red.global.add.v4.f32 (float32 only;
 sm_90 and newer): dst[..., col + e] += x[e], each element its own atomic add.
 add2(dst, head, row, col, x) the same for a pair, dst[head, row, col : col + 2] (red.global.add.v2.f32;
@@ -109,6 +111,13 @@ if SIMULATOR:
             dst[head, row, col + e] = x[e]
 
     @cuda.jit(device=True)
+    def store_words(dst, head, row, col, w):
+        per = 4 // dst.dtype.itemsize               # elements a word
+        for e in range(VECTOR * per):
+            dst[head, row, col + e] = (int(w[e // per]) >> (8 * dst.dtype.itemsize * (e % per))
+                                       ) & ((1 << (8 * dst.dtype.itemsize)) - 1)
+
+    @cuda.jit(device=True)
     def add4(dst, head, row, col, x):
         for e in range(VECTOR):
             cuda.atomic.add(dst, (head, row, col + e), x[e])
@@ -170,6 +179,17 @@ else:
     def _tuple_of(x, dtype):
         return isinstance(x, types.UniTuple) and x.count == VECTOR and x.dtype == dtype
 
+    def _store_vector(context, builder, sig, args, element):
+        """One 16-byte store of the VECTOR-tuple args[4] (LLVM type `element` each) at
+        args[0][args[1], args[2], args[3]]."""
+        vector = ir.VectorType(element, VECTOR)
+        value = ir.Constant(vector, ir.Undefined)
+        for e in range(VECTOR):
+            value = builder.insert_element(value, builder.extract_value(args[4], e),
+                                           ir.Constant(ir.IntType(32), e))
+        builder.store(value, builder.bitcast(_first(context, builder, sig, args),
+                                             vector.as_pointer()), align=ALIGN_BYTES)
+
     @intrinsic
     def load4(typingctx, src, head, row, col):
         if not _array3(src):
@@ -192,12 +212,20 @@ else:
         sig = types.void(dst, head, row, col, x)
 
         def codegen(context, builder, sig, args):
-            vector = ir.VectorType(context.get_data_type(sig.args[0].dtype), VECTOR)
-            value = ir.Constant(vector, ir.Undefined)
-            for e in range(VECTOR):
-                value = builder.insert_element(value, builder.extract_value(args[4], e),
-                                               ir.Constant(ir.IntType(32), e))
-            builder.store(value, _vector_pointer(context, builder, sig, args), align=ALIGN_BYTES)
+            _store_vector(context, builder, sig, args,
+                          context.get_data_type(sig.args[0].dtype))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def store_words(typingctx, dst, head, row, col, w):
+        if not (_array3(dst) and _tuple_of(w, types.uint32)):
+            return None
+        sig = types.void(dst, head, row, col, w)
+
+        def codegen(context, builder, sig, args):
+            _store_vector(context, builder, sig, args, ir.IntType(32))
             return context.get_dummy_value()
 
         return sig, codegen

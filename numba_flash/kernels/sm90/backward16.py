@@ -35,7 +35,8 @@ cp.async while this one is computed on (synchronously where the arrays are not 1
 aligned).
 dK and dV are summed in registers over every Q block and head of the group and stored once,
 rounded to the inputs' format in the kernel (the rounding the API gave float32 results:
-nearest even; no float32 copies, no conversion kernels); dq stays float32 (added by atomics)
+nearest even; no float32 copies, no conversion kernels); in the asynchronous wgmma kernel
+through the Q/dO stages, free by then, 16 bytes a store (stage16.make_store_rows); dq stays float32 (added by atomics)
 and the API rounds it.
 
 deterministic=True (no atomics) runs wgmma's widened backward instead (run_widened, which is
@@ -61,7 +62,7 @@ from ..backward import run_preprocess
 from .backward import check_tiles, run_backward as run_tf32, tiles
 from .operands import BLOCK, REGS
 from .softmax import LOG2E
-from .stage16 import make_plan, make_stage_pair
+from .stage16 import make_plan, make_stage_pair, make_store_rows
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
 from .wgmma16 import (core_offset16, core_offset16_host, make_pack_half2, make_unpack_half,
                       make_wait, products16, store_transposed4)
@@ -165,6 +166,11 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     PER, plan_start, plan_stage_pair = plan.PER, plan.start, plan.stage_pair
     pack = make_pack_half2(fmt)
     recompute_p = make_recompute_p(float32, causal, base2=True)   # S, lse in log2 units
+    # dK and dV through the Q/dO stages, 16 bytes a store (stmatrix: sm_90; dk, dv 16-byte
+    # aligned, d a multiple of 8: the asynchronous kernel's dispatch)
+    chunked_dkdv = asynchronous and eng.stmatrix
+    store_rows = make_store_rows(D, fmt)
+    assert STAGES >= WARPGROUPS         # a dK and a dV tile a warpgroup in the stages
     uBM = U(BLOCK)
 
     @inlined_device_function
@@ -469,6 +475,16 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         if asynchronous and total == U(0):
             copies_wait_all()               # K's and V's copies, never waited for
 
+        if chunked_dkdv:
+            # the Q/dO stages are free: every warpgroup's dV and dK products were waited for
+            # before the last barrier (the last dQ's, or the last step's), and no copy is in
+            # flight (none started at the last step; none at all when total is 0)
+            tile = U(QDO_AT) + wg * U(2 * TILE)
+            store_rows(sh, sm, dk, dk_acc, words, scale, scale, tile, hk, n0, warp, lane, nk,
+                       d, scratch)
+            store_rows(sh, sm, dv, dv_acc, words, float32(1.0), float32(1.0), tile + U(TILE), hk,
+                       n0, warp, lane, nk, d, scratch)
+            return
         store_dkdv_half(dk, dv, dk_acc, dv_acc, 0, hk, j0, j1, col_t, nk, d, scale)
         if D > HALF_D:
             store_dkdv_half(dk, dv, dk_acc, dv_acc, 8, hk, j0, j1, col_t, nk, d, scale)

@@ -17,14 +17,19 @@ Elements past the rows n or the head dim d are staged as zeros.
 The pipelines' tiles (K and V each block forward, Q and dO each block backward) are staged
 asynchronously by a plan (make_plan): a thread works out once where its chunks come from and go
 to, and each tile then costs it a 64-bit add, a compare and a cp.async a chunk.
+
+The other way (make_store_rows): a warpgroup's 64 x D float32 accumulator (out, dK, dV) is
+rounded into a 64 x D tile of shared memory by stmatrix and written out 16 bytes a lane,
+instead of two bytes an entry (each such store touched 8 sectors for 8 bytes of each).
 """
 
 import functools
 
 from numba import cuda, uint16, uint64
 
-from ..support import U, inlined_device_function
-from ..vector_io import copies_commit, copy16, copy16_at
+from ..support import U, inlined_device_function, warp_barrier
+from ..vector_io import copies_commit, copy16, copy16_at, store_words
+from .wgmma16 import load_shared16, make_pack_half2, store_rows4
 
 CHUNK = 8          # elements of a 16-byte chunk
 NO_CHUNK = 0xFFFFFFFF   # a plan's entry for a chunk slot past the tile (or a row never staged)
@@ -160,3 +165,50 @@ class Plan:
 def make_plan(R, C, threads):
     """The Plan of R x C tiles by `threads` threads (one a configuration)."""
     return Plan(R, C, threads)
+
+
+@functools.lru_cache(maxsize=None)
+def make_store_rows(D, fmt):
+    """store_rows(sh, sm, dst, acc, words, scale0, scale1, tile_at, head, row0, warp, lane, n,
+    d, scratch): the calling warp's 16 rows of a warpgroup's 64 x D float32 accumulator `acc`
+    (an m64nD wgmma accumulator: entry j of lane 4 g + t at row 16 warp + g + 8 ((j % 4) // 2),
+    column 8 (j // 4) + 2 t + j % 2), rows g times scale0 and rows g + 8 times scale1, rounded
+    to fmt, into dst[head, row0 + r, :d] (uint16 patterns; only rows row0 + r < n). Through the
+    64 x D tile at element tile_at of sh, which the caller has free: four 8 x 8 matrices a
+    stmatrix (columns 16 i.. of rows g and g + 8; lane L gives row L % 8 of matrix L // 8),
+    then a 16-byte chunk a lane, read back and stored (dst's data pointer and rows 16-byte
+    aligned, d a multiple of 8: the asynchronous kernels' dispatch). words: a local uint32
+    array of at least 4 entries to use. Only the warp reads the rows it writes: a warp barrier
+    between (sm_90: stmatrix; on the simulator the model's exchanges are block barriers, so
+    every thread of the block calls it)."""
+    CHUNKS = D // CHUNK                     # 16-byte chunks of a row
+    pack = make_pack_half2(fmt)
+
+    @inlined_device_function
+    def row_chunk_at(tile_at, r, chunk):
+        """Element offset of chunk `chunk` of row r of the row-major 64 x D tile at tile_at; a
+        row's chunks permuted by r % 8, so that one chunk of 8 rows (a matrix of stmatrix, a
+        quarter of a warp's 16-byte loads) falls on all 32 banks."""
+        return tile_at + r * U(D) + (chunk ^ (r % U(8))) * U(CHUNK)
+
+    @inlined_device_function
+    def store_rows(sh, sm, dst, acc, words, scale0, scale1, tile_at, head, row0, warp, lane,
+                   n, d, scratch):
+        mat = lane // U(8)
+        r = warp * U(16) + (mat % U(2)) * U(8) + lane % U(8)
+        for i in range(D // 16):
+            for w in range(4):          # matrix w: columns 8 (2 i + w // 2).., rows 8 (w % 2)..
+                j = 4 * (2 * i + w // 2) + 2 * (w % 2)
+                scale = scale1 if w % 2 else scale0
+                words[w] = pack(acc[j] * scale, acc[j + 1] * scale)
+            store_rows4(sh, sm, row_chunk_at(tile_at, r, U(2 * i) + mat // U(2)), words, 0,
+                        scratch)
+        warp_barrier()
+        for it in range(16 * CHUNKS // 32):
+            at = U(32 * it) + lane
+            r = warp * U(16) + at // U(CHUNKS)
+            c = at % U(CHUNKS)
+            chunk = load_shared16(sh, row_chunk_at(tile_at, r, c))
+            if row0 + r < n and c * U(CHUNK) < d:
+                store_words(dst, head, row0 + r, c * U(CHUNK), chunk)
+    return store_rows

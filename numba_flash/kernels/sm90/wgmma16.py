@@ -38,6 +38,12 @@ SBO = 128 bytes (the next 8 of N: the next core matrix of the row group) and LBO
                                 (g, 2t + 1) in word first + m: an accumulator's fragment packed
                                 in pairs), stored transposed: its column c becomes the 16 bytes
                                 at element offset `at` of lane 8 m + c, row position g.
+    store_rows4(sh, sm, at, words, first, scratch)
+                                stmatrix.x4 (sm_90), not transposed: matrix m's row g goes
+                                to the 16 bytes at element offset `at` of lane 8 m + g
+                                (as it stands in the fragment: O's rows into a tile).
+    load_shared16(sh, at)       the 16 bytes at element offset `at` (16-byte aligned) of the
+                                16-bit shared array sh as four uint32 words (ld.shared.v4).
     pack_half2(lo, hi)          two float32 rounded to the format (nearest even) in one uint32.
     unpack_half(bits)           the float32 value of a 16-bit pattern (uint32, low half).
 
@@ -140,17 +146,34 @@ if SIMULATOR:
         return unpack_half
 
     @cuda.jit(device=True)
-    def store_transposed4(sh, sm, at, words, first, scratch):
+    def _stmatrix4(sh, sm, at, words, first, scratch, transposed):
         # the warp's row offsets exchanged (one barrier), then each thread stores its own
-        # halves where the lanes that give those rows point
+        # halves where the lanes that give those rows point: transposed, element (g, 2t + h)
+        # of matrix m is position g of the row lane 8 m + 2t + h gives; else positions
+        # 2t + h of the row lane 8 m + g gives
         lane0 = exchange_in_warp(sm, scratch, at)
         lane = cuda.threadIdx.x % 32
         g, t = lane // 4, lane % 4
         for m in range(4):
             word = int(words[first + m])
             for half in range(2):
-                row = int(sm[lane0 + 8 * m + 2 * t + half])
-                sh[row + g] = (word >> (16 * half)) & 0xFFFF
+                if transposed:
+                    sh[int(sm[lane0 + 8 * m + 2 * t + half]) + g] = (word >> (16 * half)) & 0xFFFF
+                else:
+                    sh[int(sm[lane0 + 8 * m + g]) + 2 * t + half] = (word >> (16 * half)) & 0xFFFF
+
+    @cuda.jit(device=True)
+    def store_transposed4(sh, sm, at, words, first, scratch):
+        _stmatrix4(sh, sm, at, words, first, scratch, True)
+
+    @cuda.jit(device=True)
+    def store_rows4(sh, sm, at, words, first, scratch):
+        _stmatrix4(sh, sm, at, words, first, scratch, False)
+
+    @device_function
+    def load_shared16(sh, at):
+        return tuple(np.uint32(int(sh[at + 2 * w]) | (int(sh[at + 2 * w + 1]) << 16))
+                     for w in range(4))
 
     def _products16(n, KA, KB, fmt, b_rows):
         """products16 on the simulator: NumPy models."""
@@ -371,27 +394,59 @@ else:
             return types.float32(bits), codegen
         return unpack_half
 
+    def _stmatrix_x4(transposed):
+        """stmatrix.x4 (.trans where transposed) of four words at a shared address (u32)."""
+        text = ("stmatrix.sync.aligned.m8n8.x4" + (".trans" if transposed else "")
+                + ".shared.b16 [$0], {$1, $2, $3, $4};")
+
+        @intrinsic
+        def stmatrix(typingctx, address, w0, w1, w2, w3):
+            if not all(x == types.uint32 for x in (address, w0, w1, w2, w3)):
+                return None
+
+            def codegen(context, builder, sig, args):
+                i32 = ir.IntType(32)
+                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] * 5), text,
+                                   "r,r,r,r,r,~{memory}", side_effect=True)
+                builder.call(asm, list(args))
+                return context.get_dummy_value()
+            return types.void(address, w0, w1, w2, w3), codegen
+        return stmatrix
+
+    def _store4(transposed):
+        stmatrix = _stmatrix_x4(transposed)
+
+        @cuda.jit(device=True, forceinline=True)
+        def store4(sh, sm, at, words, first, scratch):
+            # (numba types uint32 arithmetic as 64-bit: the address cast back)
+            stmatrix(uint32(shared_address(sh) + uint32(2) * uint32(at)), uint32(words[first]),
+                     uint32(words[first + 1]), uint32(words[first + 2]),
+                     uint32(words[first + 3]))
+        return store4
+
+    store_transposed4, store_rows4 = _store4(True), _store4(False)
+
     @intrinsic
-    def _stmatrix_x4_trans(typingctx, address, w0, w1, w2, w3):
-        if not all(x == types.uint32 for x in (address, w0, w1, w2, w3)):
+    def _ld_shared_v4(typingctx, address):
+        if address != types.uint32:
             return None
+        result = types.UniTuple(types.uint32, 4)
 
         def codegen(context, builder, sig, args):
             i32 = ir.IntType(32)
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [i32] * 5),
-                               "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [$0], "
-                               "{$1, $2, $3, $4};", "r,r,r,r,r,~{memory}", side_effect=True)
-            builder.call(asm, list(args))
-            return context.get_dummy_value()
-        return types.void(address, w0, w1, w2, w3), codegen
+            # a side effect and the memory clobber: not moved across the stores and the
+            # barrier before it
+            asm = ir.InlineAsm(ir.FunctionType(ir.LiteralStructType([i32] * 4), [i32]),
+                               "ld.shared.v4.u32 {$0, $1, $2, $3}, [$4];",
+                               "=r,=r,=r,=r,r,~{memory}", side_effect=True)
+            res = builder.call(asm, list(args))
+            return context.make_tuple(builder, result,
+                                      [builder.extract_value(res, i) for i in range(4)])
+        return result(address), codegen
 
     @cuda.jit(device=True, forceinline=True)
-    def store_transposed4(sh, sm, at, words, first, scratch):
-        # (numba types uint32 arithmetic as 64-bit: the address cast back)
-        _stmatrix_x4_trans(uint32(shared_address(sh) + uint32(2) * uint32(at)),
-                           uint32(words[first]),
-                           uint32(words[first + 1]), uint32(words[first + 2]),
-                           uint32(words[first + 3]))
+    def load_shared16(sh, at):
+        return _ld_shared_v4(uint32(shared_address(sh) + uint32(2) * uint32(at)))
 
     _OPERAND = {types.uint32: (ir.IntType(32), "r"), types.uint64: (ir.IntType(64), "l")}
 
