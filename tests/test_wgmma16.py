@@ -338,23 +338,6 @@ def test_wgmma16_causal_warpgroups_stop_at_their_own_diagonal(shape_q, shape_k):
     _check("bfloat16", shape_q, shape_k, True)
 
 
-# unmasked, d a multiple of 8 (cp.async): the persistent forward, 3 blocks on the simulator
-# (forward16.resident_blocks). 150 x 100, 4 query heads on 2 key heads: 8 tiles (two query
-# blocks a head, the second partial), 3, 3 and 2 a block, each of two K/V blocks, every next
-# tile's Q and first block staged during a tile's last step; 70 x 40: one K/V block a tile
-# (the next tile staged at its first step)
-@pytest.mark.parametrize("shape_q,shape_k", [((1, 4, 150, 16), (1, 2, 100, 16)),
-                                             ((2, 2, 70, 8), (2, 2, 40, 8))])
-def test_wgmma16_persistent_blocks_take_several_tiles(shape_q, shape_k):
-    assert forward16.persistent_kernel(False, True, "wgmma")
-    assert forward16.resident_blocks(64) < shape_q[0] * shape_q[1] * -(-shape_q[2] // 128)
-    rng = np.random.default_rng(5)
-    q = rng.standard_normal(shape_q).astype(ml_dtypes.bfloat16)
-    k, v = (rng.standard_normal(shape_k).astype(ml_dtypes.bfloat16) for _ in range(2))
-    out, lse = flash_attention_forward(q, k, v, kernel="wgmma16")
-    assert_within_tolerance(check_forward(q, k, v, out, lse))
-
-
 def test_wgmma16_dq_in_flight_across_q_blocks_and_heads():
     # backward16 at D = 64 leaves a Q block's dQ product in flight into the next step (dS in
     # two buffers): 3 Q blocks a head and 2 query heads a key head, 6 steps a K/V block, the

@@ -15,8 +15,7 @@ run is skipped and said so). Exits 1 if any result is outside the tolerance rule
 GPU cases: causal, GQA, Nq != Nk, fully masked rows, one query row, d in {1, 40, 59, 64, 72,
 97, 128} (lean and wide Hopper kernels, vector and scalar paths), two spanning several K/V
 tiles at every pair's default tiles (fa2's prefetch of the next tile and the barriers around
-it run), two with more query tiles than the GPU runs blocks at once (forward16's persistent
-blocks). On the simulator (no GPU) one tiny case instead, so that the script itself can be
+it run). On the simulator (no GPU) one tiny case instead, so that the script itself can be
 checked anywhere (a few minutes for every pair).
 """
 
@@ -38,10 +37,6 @@ GPU_CASES = (
     Case("odd wide d", 1, 2, 2, 66, 70, 97),
     Case("several tiles", 1, 2, 1, 70, 300, 64),
     Case("several tiles, causal", 1, 1, 1, 130, 200, 128, causal=True),
-    # more query tiles than an H200's blocks at once (264 at d <= 64, 132 above): the
-    # persistent forward16's blocks take several, the next one's loads started by the last
-    Case("more tiles than blocks, GQA", 2, 70, 10, 300, 200, 64),
-    Case("more tiles than blocks, wide", 1, 60, 60, 400, 150, 128),
 )
 # one block of every kernel (the simulator runs a block's threads as OS threads: minutes)
 SIMULATOR_CASES = (Case("tiny, causal, GQA, Nq != Nk", 1, 2, 1, 5, 7, 8, causal=True),)

@@ -131,8 +131,8 @@ MUTANTS = {m.name: m for m in (
     # staging the next block over this one replaces the tile before its products read it) and
     # the blocks it leaves unmasked
     Mutant("next K/V block staged over this one (wgmma16)", "forward", "sm90.forward16",
-           "at = U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE)",
-           "at = U(KV_AT) + b * U(2 * TILE)", _R, "wgmma16", size="simulator-blocks"),
+           "stage_block(sh, U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE)",
+           "stage_block(sh, U(KV_AT) + b * U(2 * TILE)", _R, "wgmma16", size="simulator-blocks"),
     Mutant("every block left unmasked (wgmma16)", "forward", "sm90.forward16",
            "masked = n1 > nk or (causal and n1 - U(1) + nq > row0 + nk)", "masked = False",
            _R, "wgmma16"),

@@ -57,7 +57,6 @@ D_MAX = 128          # head dims up to this; zero-padded to 64 or 128
 P_WORDS = REGS // 2  # P's register A fragments: its 32 entries, two to a word
 STAGES = 3           # K/V blocks in shared memory: K of this block and V of the last one
                      # read, the next block arriving
-NO_TILE = 0xFFFFFFFF  # a persistent block's next tile when it has none
 copies_wait_all = make_copies_wait(0)
 
 
@@ -95,26 +94,10 @@ def check(block_m, block_n, d, dtype):
                          f"({block_m}, {block_n})")
 
 
-def shared_bytes(D, persistent=False):
-    """Bytes of shared memory the kernel for D takes on a GPU: the warpgroups' Q tiles (two
-    sets, persistent) and STAGES K/V blocks (64 rows x D, 16-bit)."""
-    return 2 * BLOCK * D * (warpgroups(D) * (2 if persistent else 1) + STAGES * 2)
-
-
-def persistent_kernel(causal, asynchronous, products):
-    """Whether make_kernel's kernel is persistent: unmasked, staged by cp.async, on wgmma
-    (sm_90's shared memory holds the second set of Q tiles at D = 128: 192 KiB)."""
-    return asynchronous and not causal and products == "wgmma"
-
-
-def resident_blocks(D):
-    """Blocks of the kernel for D that an SM holds at once (shared memory: two at D = 64, 80
-    KiB each persistent, one at 128), times the device's SMs: a persistent kernel's grid. On
-    the simulator 3, so that its blocks take several tiles."""
-    if SIMULATOR:
-        return 3
-    from numba.cuda.cudadrv import devices
-    return (2 if D == 64 else 1) * devices.get_context().device.MULTIPROCESSOR_COUNT
+def shared_bytes(D):
+    """Bytes of shared memory the kernel for D takes on a GPU: the warpgroups' Q tiles and
+    STAGES K/V blocks (64 rows x D, 16-bit)."""
+    return 2 * BLOCK * D * (warpgroups(D) + STAGES * 2)
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,21 +108,15 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     device arrays holding `fmt` ("bfloat16" or "float16") patterns, lse (B*H, Nq) float32,
     scale_log2 = scale log2(e) float32; asynchronous: tiles staged with cp.async (q, k, v
     16-byte aligned, d a multiple of 8), else element by element (stage16); products: the
-    tensor-core engine, "wgmma" (sm_90a) or "mma" (mma.sync, sm_80+; kernels.mma16). Where
-    persistent_kernel(...), the kernel is persistent: grid (blocks, 1, 1), any number of
-    blocks, each taking the tiles (query head bh, query block x) numbered bh n_x + x =
-    blockIdx.x, + gridDim.x, ... (n_x = ceil(Nq / block_m)); a tile's last K/V step starts
-    the next one's Q and first K/V block, so that they arrive while it finishes. Returns the
-    launchable kernel."""
+    tensor-core engine, "wgmma" (sm_90a) or "mma" (mma.sync, sm_80+; kernels.mma16). Returns
+    the launchable kernel."""
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
     WARPGROUPS = warpgroups(D)
     BLOCK_M, THREADS = WARPGROUPS * BLOCK, threads(D)
     TILE = BLOCK * D                          # elements of a 64-row Q, K or V tile
-    persistent = persistent_kernel(causal, asynchronous, products)
-    Q_SETS = 2 if persistent else 1           # warpgroup w's Q at TILE (w + WARPGROUPS u),
-    Q_AT, KV_AT = 0, Q_SETS * WARPGROUPS * TILE   # u the set; K of stage b at KV_AT + 2 TILE b,
-    NBYTES = shared_bytes(D, persistent)      # its V one TILE further
+    Q_AT, KV_AT = 0, WARPGROUPS * TILE        # warpgroup w's Q at TILE w; K of stage b at
+    NBYTES = shared_bytes(D)                  # KV_AT + 2 TILE b, its V one TILE further
     SCRATCH_AT = NBYTES // 4                  # floats: the simulator's exchanges, per warpgroup
     NBYTES += 4 * WARPGROUPS * SCRATCH if SIMULATOR else 0
     O_REGS = D // 2                                           # O's accumulator entries
@@ -180,30 +157,20 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             stage_kv(sh, at, k, v, kv, n0, nk, d)
 
     @inlined_device_function
-    def arrive(sh, q, k, v, kv, b, n1, n_end, nq, nk, d, kv_at, row_bytes, rows, offsets,
-               shared, next_tile, n_x, next_q, heads, group):
+    def arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared):
         """Block n1 - 64's tiles in stage b ready for wgmma, then the next block's copies
         started into the stage after. This block's copies (started a step ago; none newer:
         a fence waits for every copy in flight) are waited for and fenced for wgmma before the
         one barrier; past it every thread's have landed, and every warp is done with the
         stage the next block overwrites (its last reader, P V of block n1 - 192, was waited
-        for in the step before). Persistent, at the tile's last block: the next tile's Q
-        (query head next_tile // n_x, its block next_tile % n_x) into the Q tiles at next_q
-        (their last readers, the tile before's, are past this barrier) and its first K/V
-        block instead, unless next_tile is NO_TILE."""
+        for in the step before)."""
         if asynchronous:
             copies_wait_all()
         fence()
         cuda.syncthreads()
-        at = U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE)
         if n1 < n_end:
-            stage_block(sh, at, k, v, kv, n1, nk, d, kv_at, row_bytes, rows, offsets, shared)
-        elif persistent and next_tile != U(NO_TILE):
-            next_bh = next_tile // n_x
-            stage_q(sh, next_q, q, next_bh, (next_tile % n_x) * U(BLOCK_M), nq, d)
-            next_kv_at = uint64(kv_head(next_bh, heads, group)) * uint64(k.strides[0])
-            stage_block(sh, at, k, v, kv, U(0), nk, d, next_kv_at, row_bytes, rows, offsets,
-                        shared)
+            stage_block(sh, U(KV_AT) + (b + U(1)) % U(STAGES) * U(2 * TILE), k, v, kv, n1, nk,
+                        d, kv_at, row_bytes, rows, offsets, shared)
 
     @inlined_device_function
     def softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau, n0, row0,
@@ -222,33 +189,25 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
     def forward16(q, k, v, out, lse, scale_log2, heads, group):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)     # the tiles
         sm = cuda.shared.array(0, float32, alignment=ALIGN)    # the same memory as floats
-        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
-        # the tiles (query head bh, query block x) this block computes: one, its grid
-        # position; persistent, tiles blockIdx.x, + gridDim.x, ... of the heads' blocks in
-        # turn (tile = bh n_x + x)
-        n_x = (nq + U(BLOCK_M - 1)) // U(BLOCK_M)
-        n_tiles = n_x * U(q.shape[0])
-        if persistent:
-            tile = U(cuda.blockIdx.x)
-            if tile >= n_tiles:
-                return
-            bh = tile // n_x
-            x = tile % n_x
-        else:
-            head = head_index()
-            if head >= q.shape[0]:      # a block past the last head (support.head_grid)
-                return
-            tile = U(0)
-            bh = U(head)
-            x = U(cuda.blockIdx.x)
-            if causal:  # the last query blocks see the most keys: started first (as FA2), so
-                x = U(cuda.gridDim.x) - U(1) - x        # the light ones fill the grid's tail
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kv = U(kv_head(head, heads, group))
         wg = U(cuda.threadIdx.x) // U(WARPGROUP)    # this thread's warpgroup and its rows
         tid = U(cuda.threadIdx.x) % U(WARPGROUP)
         warp, lane = tid // U(32), tid % U(32)
+        x = U(cuda.blockIdx.x)
+        if causal:      # the last query blocks see the most keys: started first (as FA2), so
+            x = U(cuda.gridDim.x) - U(1) - x        # the light ones fill the grid's tail
+        block0 = x * U(BLOCK_M)
+        row0 = block0 + wg * uBM
+        q_at = U(Q_AT) + wg * U(TILE)
         scratch = U(SCRATCH_AT) + wg * U(SCRATCH)
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         g4, t4 = lane // U(4), lane % U(4)
         row, col_t = warp * U(16) + g4, t4 * U(2)
+        i0, i1 = row0 + row, row0 + row + U(8)
         s_acc = cuda.local.array(REGS, float32)          # S, then P
         o_acc = cuda.local.array(O_REGS, float32)        # O, unnormalized
         p_regs = cuda.local.array(P_WORDS, uint32)       # P rounded, two to a word
@@ -256,125 +215,98 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         l = cuda.local.array(2, float32)
         m_safe = cuda.local.array(2, float32)            # m scale log2 e, 0 while m = -inf
         alpha = cuda.local.array(2, float32)
+        for h in range(2):
+            m[h] = float32(NEG_INF)
+            l[h] = float32(0.0)
+            m_safe[h] = float32(0.0)
         # the lazy rescale's threshold in units of S (LAZY_LOG2 in log2 units); finite
         tau = min(float32(LAZY_LOG2) / scale_log2, float32(FLT_MAX))
+        for j in range(O_REGS):
+            o_acc[j] = float32(0.0)
         # where this thread's K / V chunks come from and go to (stage16.Plan)
         rows = cuda.local.array(PER, uint32)
         offsets = cuda.local.array(PER, uint32)
         shared = cuda.local.array(PER, uint32)
-        row_bytes, head_bytes = uint64(k.strides[1]), uint64(k.strides[0])
+        row_bytes = uint64(k.strides[1])
+        kv_at = uint64(kv) * uint64(k.strides[0])
         if asynchronous:
             plan_start(rows, offsets, shared, U(k.strides[1]), d)
-        b = U(0)                # the stage of the tile's first K/V block
-        q_buffer = U(0)         # persistent: the Q tiles in turn, the next tile's arriving
-        staged = False          # persistent: this tile's Q and first K/V block in flight
-        while True:
-            kv = U(kv_head(bh, heads, group))
-            kv_at = uint64(kv) * head_bytes
-            block0 = x * U(BLOCK_M)
-            row0 = block0 + wg * uBM
-            q_all = U(Q_AT) + q_buffer * U(WARPGROUPS * TILE)
-            q_at = q_all + wg * U(TILE)
-            i0, i1 = row0 + row, row0 + row + U(8)
-            # the next tile, whose Q and first K/V block this one's last step starts
-            # (persistent; none: NO_TILE)
-            next_tile = tile + U(cuda.gridDim.x)
-            if not persistent or next_tile >= n_tiles:
-                next_tile = U(NO_TILE)
-            next_q = U(Q_AT) + (q_buffer ^ U(1)) * U(WARPGROUPS * TILE)
-            for h in range(2):
-                m[h] = float32(NEG_INF)
-                l[h] = float32(0.0)
-                m_safe[h] = float32(0.0)
-            for j in range(O_REGS):
-                o_acc[j] = float32(0.0)
 
-            n_end = nk      # the keys of every warpgroup's rows: the blocks staged
-            n_wg = nk       # the keys of this warpgroup's rows: the blocks it computes
-            if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
-                last = block0 + U(BLOCK_M) + nk
-                n_end = min(nk, last - nq) if last > nq else U(0)
-                last = row0 + uBM + nk
-                n_wg = min(n_end, last - nq) if last > nq else U(0)
-            # the pipeline: Q and the first K/V block in flight, then each step waits for its
-            # own copies (arrive: one barrier) and starts the next block's into a free stage
-            # (the tile's last step: the next tile's Q and first block, persistent). In the
-            # tensor core, S of this block is issued, then P V of the last one, and the
-            # softmax of this block runs while P V does (FlashAttention-3's overlap within a
-            # warpgroup): O is rescaled by this block's alpha once P V is in. The first block
-            # (no P V before it) is peeled off the loop, and P V of the last block follows
-            # it: no branch between the two issues (ptxas serializes wgmma across one, C7513).
-            # Causal: a warpgroup computes the blocks its own rows see (n_wg), then only helps
-            # stage the rest of the block's (n_end) for the warpgroups below the diagonal.
-            if n_end > U(0):        # (a block whose rows see no key stages nothing)
-                if not staged:
-                    stage_q(sh, q_all, q, bh, block0, nq, d)
-                    stage_block(sh, U(KV_AT) + b * U(2 * TILE), k, v, kv, U(0), nk, d, kv_at,
-                                row_bytes, rows, offsets, shared)
-                arrive(sh, q, k, v, kv, b, U(BLOCK), n_end, nq, nk, d, kv_at, row_bytes, rows,
-                       offsets, shared, next_tile, n_x, next_q, heads, group)
-                if n_wg > U(0):
-                    s = wait_s_alone(s_issue(sh, q_at, U(KV_AT) + b * U(2 * TILE)))
-                    softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau,
-                                  U(0), row0, i0, i1, col_t, nq, nk)
-                    pack_p(p_regs, s_acc)
-            n0 = U(BLOCK)
+        n_end = nk      # the keys of every warpgroup's rows: the blocks staged
+        n_wg = nk       # the keys of this warpgroup's rows: the blocks it computes
+        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
+            last = block0 + U(BLOCK_M) + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+            last = row0 + uBM + nk
+            n_wg = min(n_end, last - nq) if last > nq else U(0)
+        # the pipeline: Q and the first K/V block in flight, then each step waits for its own
+        # copies (arrive: one barrier) and starts the next block's into a free stage. In
+        # the tensor core, S of this block is issued, then P V of the last one, and the
+        # softmax of this block runs while P V does (FlashAttention-3's overlap within a
+        # warpgroup): O is rescaled by this block's alpha once P V is in. The first block
+        # (no P V before it) is peeled off the loop, and P V of the last block follows it:
+        # no branch between the two issues (ptxas serializes wgmma across one, C7513).
+        # Causal: a warpgroup computes the blocks its own rows see (n_wg), then only helps
+        # stage the rest of the block's (n_end) for the warpgroups below the diagonal.
+        b = U(0)                                # this block's stage; the last one's: b_last
+        if n_end > U(0):        # (a block whose rows see no key stages nothing)
+            stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
+            stage_block(sh, U(KV_AT), k, v, kv, U(0), nk, d, kv_at, row_bytes, rows, offsets,
+                        shared)
+            arrive(sh, k, v, kv, b, U(BLOCK), n_end, nk, d, kv_at, row_bytes, rows, offsets,
+                   shared)
+            if n_wg > U(0):
+                s = wait_s_alone(s_issue(sh, q_at, U(KV_AT)))
+                softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau,
+                              U(0), row0, i0, i1, col_t, nq, nk)
+                pack_p(p_regs, s_acc)
+        n0 = U(BLOCK)
+        b_last = b
+        b = U(1)
+        while n0 < n_wg:
+            n1 = n0 + uBM
+            arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared)
+            v_desc = pv_descriptor(sh, U(KV_AT) + b_last * U(2 * TILE) + U(TILE))
+            s = s_issue(sh, q_at, U(KV_AT) + b * U(2 * TILE))
+            pv_issue(sh, sm, o_acc, p_regs, v_desc, scratch)
+            s = wait_s_but_pv(s)
+            rescaled = softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2,
+                                     tau, n0, row0, i0, i1, col_t, nq, nk)
+            wait_o(o_acc)
+            if rescaled:        # the same in every thread of a warp (warp_any)
+                for j in range(O_REGS):
+                    o_acc[j] *= alpha[(j % 4) // 2]
+            pack_p(p_regs, s_acc)
+            n0 = n1
             b_last = b
             b = (b + U(1)) % U(STAGES)
-            while n0 < n_wg:
-                n1 = n0 + uBM
-                arrive(sh, q, k, v, kv, b, n1, n_end, nq, nk, d, kv_at, row_bytes, rows,
-                       offsets, shared, next_tile, n_x, next_q, heads, group)
-                v_desc = pv_descriptor(sh, U(KV_AT) + b_last * U(2 * TILE) + U(TILE))
-                s = s_issue(sh, q_at, U(KV_AT) + b * U(2 * TILE))
-                pv_issue(sh, sm, o_acc, p_regs, v_desc, scratch)
-                s = wait_s_but_pv(s)
-                rescaled = softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2,
-                                         tau, n0, row0, i0, i1, col_t, nq, nk)
-                wait_o(o_acc)
-                if rescaled:        # the same in every thread of a warp (warp_any)
-                    for j in range(O_REGS):
-                        o_acc[j] *= alpha[(j % 4) // 2]
-                pack_p(p_regs, s_acc)
-                n0 = n1
-                b_last = b
+        if n_wg > U(0):     # (waited for: past it this warpgroup reads no stage)
+            pv_product(sh, sm, o_acc, p_regs, U(KV_AT) + b_last * U(2 * TILE) + U(TILE),
+                       scratch)
+        if causal:          # blocks past this warpgroup's rows, staged for the others
+            while n0 < n_end:
+                arrive(sh, k, v, kv, b, n0 + uBM, n_end, nk, d, kv_at, row_bytes, rows,
+                       offsets, shared)
+                n0 += uBM
                 b = (b + U(1)) % U(STAGES)
-            if n_wg > U(0):     # (waited for: past it this warpgroup reads no stage)
-                pv_product(sh, sm, o_acc, p_regs, U(KV_AT) + b_last * U(2 * TILE) + U(TILE),
-                           scratch)
-            if causal:          # blocks past this warpgroup's rows, staged for the others
-                while n0 < n_end:
-                    arrive(sh, q, k, v, kv, b, n0 + uBM, n_end, nq, nk, d, kv_at, row_bytes,
-                           rows, offsets, shared, next_tile, n_x, next_q, heads, group)
-                    n0 += uBM
-                    b = (b + U(1)) % U(STAGES)
 
-            for h in range(2):
-                m[h] *= scale_log2              # lse in units of log2: m c
-            inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
-            if chunked_out:     # (this warpgroup's Q tile: its S products are all waited for)
-                store_rows(sh, sm, out, o_acc, p_regs, inv0, inv1, q_at, bh, row0, warp, lane,
-                           nq, d, scratch)
-            else:
-                for j in range(0, O_REGS, 2):   # entries j, j + 1: columns c, c + 1 of a row
-                    h = (j % 4) // 2
-                    i = i1 if h else i0
-                    inv = inv1 if h else inv0
-                    c = U(8 * (j // 4)) + col_t
-                    word = pack(o_acc[j] * inv, o_acc[j + 1] * inv)
-                    if i < nq and c < d:
-                        out[bh, i, c] = uint16(word & U(0xFFFF))
-                        if c + U(1) < d:
-                            out[bh, i, c + U(1)] = uint16(word >> U(16))
-            if next_tile == U(NO_TILE):
-                break
-            # the next tile: its Q (in the other Q tiles) and first K/V block (in stage b)
-            # are in flight since this tile's last step
-            tile = next_tile
-            bh = tile // n_x
-            x = tile % n_x
-            q_buffer ^= U(1)
-            staged = True
+        for h in range(2):
+            m[h] *= scale_log2              # lse in units of log2: m c
+        inv0, inv1 = finish_rows(sm, scratch, lse, bh, m, l, i0, i1, t4, nq)
+        if chunked_out:     # (this warpgroup's Q tile: its S products are all waited for)
+            store_rows(sh, sm, out, o_acc, p_regs, inv0, inv1, q_at, bh, row0, warp, lane, nq,
+                       d, scratch)
+        else:
+            for j in range(0, O_REGS, 2):       # entries j, j + 1: columns c, c + 1 of a row
+                h = (j % 4) // 2
+                i = i1 if h else i0
+                inv = inv1 if h else inv0
+                c = U(8 * (j // 4)) + col_t
+                word = pack(o_acc[j] * inv, o_acc[j + 1] * inv)
+                if i < nq and c < d:
+                    out[bh, i, c] = uint16(word & U(0xFFFF))
+                    if c + U(1) < d:
+                        out[bh, i, c + U(1)] = uint16(word >> U(16))
 
     return simulator_launch(Launcher(forward16, NBYTES))
 
@@ -386,25 +318,16 @@ class _Launch:
     synchronous one; products: make_kernel's."""
 
     def __init__(self, D, causal, fmt, products):
-        self.D = D
         self.dispatch = AlignedDispatch(make_kernel(D, causal, fmt, True, products),
                                         make_kernel(D, causal, fmt, False, products),
                                         positions=range(4), same_strides=[(1, 2)])
-        self.persistent = self.dispatch.vector if persistent_kernel(causal, True, products) \
-            else None
 
     def __getitem__(self, config):
-        grid, rest = config[0], config[1:]
+        run = self.dispatch[config]
 
         def launch(q, k, v, out, lse, scale, heads, group):
             # in float32, as the backward forms it on the device
-            args = (q, k, v, out, lse, np.float32(scale) * np.float32(LOG2E), heads, group)
-            kernel = self.dispatch.pick(args)
-            if kernel is self.persistent:       # the grid's tiles over the blocks that fit
-                tiles = grid[0] * q.shape[0]
-                kernel[((min(tiles, resident_blocks(self.D)), 1, 1), *rest)](*args)
-            else:
-                kernel[(grid, *rest)](*args)
+            run(q, k, v, out, lse, np.float32(scale) * np.float32(LOG2E), heads, group)
         return launch
 
 
