@@ -37,9 +37,8 @@ from numba import cuda
 from .backward import run_preprocess
 from .support import (NEG_INF, U, Launcher, ceil_div, check_block, check_head_dim,
                       check_shared_memory, dynamic_shared_limit, kernel_jit, head_grid,
-                      head_index, kv_head, make_recompute_p, numba_type)
-from .fa2_tiles import (ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products,
-                        warp_barrier)
+                      head_index, kv_head, make_recompute_p, numba_type, warp_barrier)
+from .fa2_tiles import ALIGN, CHUNK, DEVICE, PAD, lanes_for_head_dim, tile_products
 from .fa2_mma import WARP, mma_products
 from .vector_io import VECTOR, AlignedDispatch, add4, require_aligned
 

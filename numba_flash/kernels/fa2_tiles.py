@@ -14,7 +14,7 @@ import functools
 
 from numba import cuda
 
-from .support import ALIGN, SIMULATOR, U, warp_barrier  # noqa: F401 (ALIGN, warp_barrier: the fa2 kernels')
+from .support import ALIGN, SIMULATOR, U  # noqa: F401 (ALIGN: the fa2 kernels')
 from .vector_io import VECTOR
 
 CHUNK = 4      # elements per vector load (16 bytes in float32; float64 reads two v2)

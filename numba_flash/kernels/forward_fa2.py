@@ -35,9 +35,8 @@ from numba import cuda
 
 from .support import (NEG_INF, U, Launcher, ceil_div, check_block,
                       check_shared_memory, check_head_dim, dynamic_shared_limit, kernel_jit,
-                      head_index, kv_head, numba_type)
-from .fa2_tiles import (ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products,
-                        warp_barrier)
+                      head_index, kv_head, numba_type, warp_barrier)
+from .fa2_tiles import ALIGN, CHUNK, PAD, lanes_for_head_dim, tile_products
 from .vector_io import VECTOR, AlignedDispatch, load4, require_aligned, store4
 
 SM_SHARED_BYTES = 228 * 1024   # shared memory of one Hopper SM (H100, H200)

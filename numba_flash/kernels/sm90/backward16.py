@@ -36,8 +36,8 @@ aligned).
 dK and dV are summed in registers over every Q block and head of the group and stored once,
 rounded to the inputs' format in the kernel (the rounding the API gave float32 results:
 nearest even; no float32 copies, no conversion kernels); in the asynchronous wgmma kernel
-through the Q/dO stages, free by then, 16 bytes a store (stage16.make_store_rows); dq stays float32 (added by atomics)
-and the API rounds it.
+through the Q/dO stages, free by then, 16 bytes a store (stage16.make_store_rows); dq stays
+float32 (added by atomics) and the API rounds it.
 
 deterministic=True (no atomics) runs wgmma's widened backward instead (run_widened, which is
 also the "wgmma16-tf32bwd" pair's backward: on the H200 the pair with this kernel was
