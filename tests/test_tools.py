@@ -50,3 +50,19 @@ def test_sass_sections_split_a_kernel_at_its_product_loop():
                                    "loop_tensor_ops": 2, "calls": 1}
     with pytest.raises(ValueError, match="no SASS"):
         sass.sections("nothing here")
+
+
+def test_gpu_time_compare_matches_rows_and_reports_speedups():
+    gpu_time = _tool("gpu_time")
+
+    def row(d, n, causal, ours, peer):
+        return dict(d=d, N=n, causal=causal, mode="fwd", ours_ms=ours, peer_ms=peer)
+    base = dict(kernel="wgmma16", rows=[row(64, 1024, False, 0.6, 0.47),
+                                        row(64, 4096, False, 2.0, 1.8)])
+    new = dict(kernel="wgmma16", rows=[row(64, 4096, False, 2.5, 1.81),   # out of order
+                                       row(64, 1024, False, 0.5, 0.48),
+                                       row(128, 1024, True, 0.4, 0.3)])  # not in base
+    lines = gpu_time.compare(base, new)
+    assert len(lines) == 3                       # the header and the two shared points
+    assert "2.000 -> 2.500 (0.800x)" in lines[1] and lines[1].endswith("0.72")
+    assert "0.600 -> 0.500 (1.200x)" in lines[2] and "0.470 / 0.480" in lines[2]

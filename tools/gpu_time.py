@@ -8,10 +8,16 @@ hides kernel changes of a few percent. This shows them.
     python tools/gpu_time.py                                          # wgmma16 vs FA2, bf16, forward
     python tools/gpu_time.py --dtype float32 --kernel wgmma --peer efficient --n 4096
     python tools/gpu_time.py --mode fwd+bwd --json out.json
+    python tools/gpu_time.py --compare base.json new.json             # A/B of two trees' runs
 
 The grid is the benchmark's (B = 16384 / N, H = 2048 / d), d 64 and 128, causal off and on;
 TFLOP/s counted as the bench counts them (forward 4 B H N^2 d, halved under causal masking,
 forward+backward 3.5x).
+
+--compare BASE NEW: no GPU; the rows of two --json files (each tree run in its own process,
+the peer beside it in both) side by side: ms a call, NEW's speed-up over BASE, the peer's ms in
+each process (its drift between the processes is the noise floor of the A/B) and the peer's
+time over NEW's (>= 1: at least the peer).
 """
 
 import argparse
@@ -34,6 +40,24 @@ def device_ms(f, reps):
     return us / reps / 1e3
 
 
+def compare(base, new):
+    """The A/B table of two --json results (dicts with "rows"), as lines; rows are matched by
+    (d, N, causal, mode), those in only one file are left out."""
+    key = lambda r: (r["d"], r["N"], r["causal"], r["mode"])     # noqa: E731
+    old = {key(r): r for r in base["rows"]}
+    lines = [f"{base.get('kernel', '?')} {new['rows'][0]['mode'] if new['rows'] else ''}: "
+             f"d N causal | base ms -> new ms (speed-up) | peer ms base / new | peer / new"]
+    for r in new["rows"]:
+        b = old.get(key(r))
+        if b is None:
+            continue
+        lines.append(f"{r['d']:4d} {r['N']:6d} {r['causal']!s:5s} | {b['ours_ms']:.3f} -> "
+                     f"{r['ours_ms']:.3f} ({b['ours_ms'] / r['ours_ms']:.3f}x) | "
+                     f"{b['peer_ms']:.3f} / {r['peer_ms']:.3f} | "
+                     f"{r['peer_ms'] / r['ours_ms']:.2f}")
+    return lines
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--kernel", default="wgmma16", help="a registered pair (default wgmma16)")
@@ -43,7 +67,13 @@ def main(argv=None):
     ap.add_argument("--mode", default="fwd", choices=("fwd", "fwd+bwd"))
     ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--json", help="write the rows here (after each one)")
+    ap.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"),
+                    help="print the A/B table of two --json files and exit (no GPU)")
     args = ap.parse_args(argv)
+    if args.compare:
+        base, new = (json.load(open(path)) for path in args.compare)
+        print("\n".join(compare(base, new)))
+        return
 
     import torch
     import torch.nn.functional as F
