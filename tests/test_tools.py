@@ -62,7 +62,15 @@ def test_gpu_time_compare_matches_rows_and_reports_speedups():
     new = dict(kernel="wgmma16", rows=[row(64, 4096, False, 2.5, 1.81),   # out of order
                                        row(64, 1024, False, 0.5, 0.48),
                                        row(128, 1024, True, 0.4, 0.3)])  # not in base
+    base.update(device="NVIDIA H200", date="2026-12-05 17:20 UTC")
+    new.update(device="NVIDIA H200", date="2026-12-05 17:21 UTC")
     lines = gpu_time.compare(base, new)
-    assert len(lines) == 3                       # the header and the two shared points
-    assert "2.000 -> 2.500 (0.800x)" in lines[1] and lines[1].endswith("0.72")
-    assert "0.600 -> 0.500 (1.200x)" in lines[2] and "0.470 / 0.480" in lines[2]
+    assert len(lines) == 4                       # GPUs, the header and the two shared points
+    assert lines[0] == ("base: NVIDIA H200, 2026-12-05 17:20 UTC; "
+                        "new: NVIDIA H200, 2026-12-05 17:21 UTC")
+    assert "2.000 -> 2.500 (0.800x)" in lines[2] and lines[2].endswith("0.72")
+    assert "0.600 -> 0.500 (1.200x)" in lines[3] and "0.470 / 0.480" in lines[3]
+    new["device"] = "NVIDIA H100 80GB HBM3"      # runs on two kinds of GPU: said, not hidden
+    assert "different GPUs" in gpu_time.compare(base, new)[1]
+    del base["device"]                           # a file from before devices were recorded
+    assert "GPU not recorded" in gpu_time.compare(base, new)[0]

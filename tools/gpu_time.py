@@ -8,6 +8,7 @@ hides kernel changes of a few percent. This shows them.
     python tools/gpu_time.py                                          # wgmma16 vs FA2, bf16, forward
     python tools/gpu_time.py --dtype float32 --kernel wgmma --peer efficient --n 4096
     python tools/gpu_time.py --mode fwd+bwd --json out.json
+    python tools/gpu_time.py --d 128 --n 1024 --json new.json         # one head dim
     python tools/gpu_time.py --compare base.json new.json             # A/B of two trees' runs
 
 The grid is the benchmark's (B = 16384 / N, H = 2048 / d), d 64 and 128, causal off and on;
@@ -17,10 +18,13 @@ forward+backward 3.5x).
 --compare BASE NEW: no GPU; the rows of two --json files (each tree run in its own process,
 the peer beside it in both) side by side: ms a call, NEW's speed-up over BASE, the peer's ms in
 each process (its drift between the processes is the noise floor of the A/B) and the peer's
-time over NEW's (>= 1: at least the peer).
+time over NEW's (>= 1: at least the peer). Each file records the GPU and the time it was run
+on; the table names them and says so where the two files' GPUs differ (an H100 and an H200
+do not compare).
 """
 
 import argparse
+import datetime
 import json
 
 
@@ -45,8 +49,12 @@ def compare(base, new):
     (d, N, causal, mode), those in only one file are left out."""
     key = lambda r: (r["d"], r["N"], r["causal"], r["mode"])     # noqa: E731
     old = {key(r): r for r in base["rows"]}
-    lines = [f"{base.get('kernel', '?')} {new['rows'][0]['mode'] if new['rows'] else ''}: "
-             f"d N causal | base ms -> new ms (speed-up) | peer ms base / new | peer / new"]
+    gpus = [run.get("device", "GPU not recorded") for run in (base, new)]
+    lines = [f"base: {gpus[0]}, {base.get('date', '?')}; new: {gpus[1]}, {new.get('date', '?')}"]
+    if gpus[0] != gpus[1]:
+        lines.append("WARNING: the two runs were on different GPUs; their times do not compare")
+    lines.append(f"{base.get('kernel', '?')} {new['rows'][0]['mode'] if new['rows'] else ''}: "
+                 f"d N causal | base ms -> new ms (speed-up) | peer ms base / new | peer / new")
     for r in new["rows"]:
         b = old.get(key(r))
         if b is None:
@@ -66,6 +74,8 @@ def main(argv=None):
                     help="torch SDPA backend beside it (flash: FlashAttention-2; half only)")
     ap.add_argument("--mode", default="fwd", choices=("fwd", "fwd+bwd"))
     ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
+    ap.add_argument("--d", type=int, nargs="+", default=[64, 128], choices=(64, 128),
+                    help="head dims (default both)")
     ap.add_argument("--json", help="write the rows here (after each one)")
     ap.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"),
                     help="print the A/B table of two --json files and exit (no GPU)")
@@ -84,10 +94,11 @@ def main(argv=None):
     backend = {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
                "cudnn": SDPBackend.CUDNN_ATTENTION}[args.peer]
     dt, backward = getattr(torch, args.dtype), args.mode == "fwd+bwd"
-    rows = []
-    print(f"{args.kernel} beside torch {args.peer}, {args.dtype}, {args.mode}, on "
-          f"{torch.cuda.get_device_name()}: GPU ms a call (TFLOP/s)")
-    for d in (64, 128):
+    rows, gpu = [], torch.cuda.get_device_name()
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    print(f"{args.kernel} beside torch {args.peer}, {args.dtype}, {args.mode}, on {gpu}, "
+          f"{date}: GPU ms a call (TFLOP/s)")
+    for d in args.d:
         for n in args.n:
             for causal in (False, True):
                 b, h = max(1, 16384 // n), max(1, 2048 // d)
@@ -121,8 +132,8 @@ def main(argv=None):
                       flush=True)
                 if args.json:
                     with open(args.json, "w") as f:
-                        json.dump(dict(kernel=args.kernel, peer=args.peer, rows=rows), f,
-                                  indent=1)
+                        json.dump(dict(kernel=args.kernel, peer=args.peer, device=gpu,
+                                       date=date, rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
