@@ -11,7 +11,11 @@ for, each thread's worked out once by a stage16.Plan; where q, k, v are not 16-b
 staged synchronously instead). One barrier a block: this block's copies are waited for and
 fenced for wgmma before it, the next block's started after it. Under causal masking the
 query blocks run heaviest first (the last rows see the most keys), and a warpgroup computes
-only the K/V blocks its own rows see, staging the rest for the warpgroups below it.
+only the K/V blocks its own rows see, staging the rest for the warpgroups below it; one whose
+rows all lie past Nq (in the last query block, where block_m does not divide Nq) only stages.
+Not so without masking: there such a warpgroup computes rows nobody reads, because the
+stage-only tail cost the non-causal loop 13 to 50 SASS instructions and, at D = 64, 143
+registers (one block an SM; 0.66x, H100, 2026-12-05).
 Per K/V block:
 
     S = Q K^T            wgmma m64n64k16, Q and K K-major (sm90.wgmma16's layout), D / 16 steps
@@ -193,7 +197,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         if head >= q.shape[0]:      # a block past the last head (support.head_grid)
             return
         bh = U(head)
-        kv = U(kv_head(head, heads, group))
+        kv = kv_head(U(head), U(heads), U(group))      # 32-bit divisions, not 64-bit
         wg = U(cuda.threadIdx.x) // U(WARPGROUP)    # this thread's warpgroup and its rows
         tid = U(cuda.threadIdx.x) % U(WARPGROUP)
         warp, lane = tid // U(32), tid % U(32)
@@ -239,6 +243,8 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             n_end = min(nk, last - nq) if last > nq else U(0)
             last = row0 + uBM + nk
             n_wg = min(n_end, last - nq) if last > nq else U(0)
+            if row0 >= nq:  # rows all past Nq: nothing to compute
+                n_wg = U(0)
         # the pipeline: Q and the first K/V block in flight, then each step waits for its own
         # copies (arrive: one barrier) and starts the next block's into a free stage. In
         # the tensor core, S of this block is issued, then P V of the last one, and the
