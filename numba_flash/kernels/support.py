@@ -232,10 +232,14 @@ def wake_simulator_barriers_by_condition():
     over the block's threads asking each whether it is alive or waiting in syncthreads, and it
     holds the GIL that the block's threads (one Python thread per CUDA thread) need to make
     progress: profiled on a 128-thread Hopper kernel, the polling took most of the wall time
-    (2026-12-03). Here a barrier is a count under one Condition per block: a thread arriving
-    at syncthreads counts itself and waits for the barrier's generation to change; the last to
-    arrive (or a thread that exits while all the others wait: CUDA counts only live threads,
-    as the polling did) starts the next generation and wakes them. The launching thread waits
+    (2026-12-03). Here a barrier is a count under one lock per block: a thread arriving at
+    syncthreads counts itself and sleeps on a lock of its own; the last to arrive (or a thread
+    that exits while all the others wait: CUDA counts only live threads, as the polling did)
+    wakes the first sleeper, and each sleeper wakes the next as it wakes. The chain matters on
+    a slow 2-core machine (2026-12-05): with a Condition's notify_all all of a block's threads
+    woke to queue for the Condition's lock (a wgmma16 test 23.7 s, a float32 backward property
+    46.6 s), waking them all at once on their own locks thrashed the GIL (59 s, three quarters
+    of it system time), the chain took 18.9 s and 41.0 s. The launching thread waits
     until every thread has exited or one has raised; then the others are aborted (they raise
     at their next barrier) and the first exception is raised, as before."""
     if not SIMULATOR:
@@ -247,12 +251,13 @@ def wake_simulator_barriers_by_condition():
     thread_body = thread.run
 
     def release(self):                     # a BlockManager's barrier opens (under its lock)
-        self._generation += 1
         self._waiting = 0
-        self._cv.notify_all()
+        sleepers, self._sleepers = self._sleepers, []
+        if sleepers:                        # the first waiter; each wakes the next
+            sleepers[0].release()
 
     def run(self, grid_point, *args):
-        self._cv, self._generation, self._waiting = threading.Condition(), 0, 0
+        self._cv, self._waiting, self._sleepers = threading.Condition(), 0, []
         self._failed, self._abort = None, False
 
         def target():
@@ -269,7 +274,7 @@ def wake_simulator_barriers_by_condition():
             failed = self._failed
             if failed is not None:
                 self._abort = True
-                self._cv.notify_all()
+                release(self)               # the waiters see the abort and raise
         if failed is not None:
             raise failed.exception[0].with_traceback(failed.exception[1])
 
@@ -286,18 +291,24 @@ def wake_simulator_barriers_by_condition():
 
     def syncthreads(self):
         m = self._manager
+        lock = None
         with m._cv:
             if m._abort:
                 raise RuntimeError("abort flag set on syncthreads call")
             m._waiting += 1
             if m._waiting == m._alive:
                 release(m)
-            else:
-                generation = m._generation
-                while m._generation == generation and not m._abort:
-                    m._cv.wait()
-            if m._abort:
-                raise RuntimeError("abort flag set on syncthreads clear")
+            else:                           # sleep on a lock of this thread's own, taken
+                lock = threading.Lock()     # here and given back by release()
+                lock.acquire()
+                queue, place = m._sleepers, len(m._sleepers)
+                queue.append(lock)
+        if lock is not None:
+            lock.acquire()
+            if place + 1 < len(queue):
+                queue[place + 1].release()
+        if m._abort:
+            raise RuntimeError("abort flag set on syncthreads clear")
 
     run._event_driven = True
     manager._release, manager.run = release, run
