@@ -371,21 +371,26 @@ def make_recompute_p(T, causal, base2=False):
 
 
 @contextlib.contextmanager
-def simulator_switch_interval(seconds=1e-4):
-    """On the simulator: a 0.1 ms GIL switch interval while a kernel runs (nothing on a GPU).
-    The simulator runs one Python thread per CUDA thread, and every device-function call takes
-    a per-module lock (numba-cuda's swapped_cuda_module); with the default 5 ms interval a
-    preempted lock holder stalls the block's other threads for a whole interval, and the
-    Hopper kernels' 128 and 256 threads with many small device calls took minutes per tile
-    (19 s for a whole problem at 0.1 ms). Not for other kernels: the simulator creates a static
-    shared array per (file, line) without a lock, so a finer interleaving lets two threads get
-    different arrays (the tiled kernels failed three tests in a CI run with the interval set
-    for the whole suite, 2026-11-30); the Hopper kernels use dynamic shared memory only."""
+def simulator_switch_interval(seconds=5e-3):
+    """On the simulator: the GIL switch interval while a Hopper kernel runs (nothing on a
+    GPU). The simulator runs one Python thread per CUDA thread, and every device-function call
+    takes a per-module lock (numba-cuda's swapped_cuda_module). While a barrier woke the whole
+    block at once, a preempted lock holder stalled the others for a whole interval, and 0.1 ms
+    (not the default 5 ms) made the Hopper kernels' tests minutes faster (19 s for a whole
+    problem, 2026-11-30). Since the barrier wakes its sleepers in a chain (a thread or two
+    runnable at a time, wake_simulator_barriers_by_condition), the default is the faster
+    one again: on this 2-core machine, 2026-12-05, 0.1 ms / 1 ms / 5 ms / 20 ms took 20.2 /
+    19.2 / 16.4 / - s (a wgmma16 tolerance test), 41.6 / 35.0 / 30.4 / - s (a wgmma16
+    backward property), 37.9 / - / 33.4 / 33.5 s (a float32 wgmma backward property) and
+    72.1 / - / 49.5 / 49.2 s (backward16's dQ in flight), with a quarter of the system time.
+    So 5 ms, Python's own default: kept as a setting here, not left to whatever the process
+    has, since the kernels' tests were timed with it. Around the Hopper kernels' launches
+    only, as before."""
     if not SIMULATOR:
         yield
         return
     # threads may launch at once: the first to enter saves the process's interval, the last
-    # to leave puts it back (a save per call would let one thread restore another's 0.1 ms
+    # to leave puts it back (a save per call would let one thread restore another's setting
     # and leave the process with it)
     with _switch_lock:
         if _switch_users[0] == 0:
