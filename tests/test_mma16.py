@@ -13,7 +13,7 @@ import pytest
 
 from numba_flash import registry
 from numba_flash.kernels import mma16
-from test_wgmma16 import FORMATS, REAL, SMALL, _check, product_kernel
+from test_wgmma16 import FORMATS, REAL, SMALL, _check, product_kernel, tile_offsets
 
 
 @pytest.mark.gpu           # on the simulator mma16.products16 is wgmma16's model, tested there
@@ -33,7 +33,8 @@ def test_mma16_products_on_integers_are_exact(fmt, n, K, transposed):
     kernel, nbytes = product_kernel(n, K, fmt, transposed, products16=mma16.products16,
                                     fence=mma16.no_fence)
     stored = np.ascontiguousarray(B.T) if transposed else B
-    kernel[1, 128, 0, nbytes](bits(A), A2, bits(stored), C, D, E)
+    kernel[1, 128, 0, nbytes](bits(A), A2, bits(stored), C, D, E,
+                              *tile_offsets(n, K, transposed))
     np.testing.assert_array_equal(D, A @ B.T)
     np.testing.assert_array_equal(E, C + A2 @ B.T)
 

@@ -10,7 +10,7 @@ import pytest
 from numba import cuda, float32, uint16, uint32
 
 from numba_flash import flash_attention_backward, flash_attention_forward
-from numba_flash.kernels.sm90 import forward16, wgmma, wgmma16
+from numba_flash.kernels.sm90 import forward16, tma, wgmma, wgmma16
 from numba_flash.kernels.support import ALIGN, SIMULATOR, join_simulator_threads
 from numba_flash.testing.tolerance import (assert_within_tolerance, check_backward,
                                            check_forward)
@@ -52,37 +52,54 @@ def test_products16_reject_shapes_wgmma_lacks():
         wgmma16.products16(64, 64, 64, "float32")
 
 
+def tile_offsets(n, K, transposed, swizzle=False):
+    """(element offsets of A's 64 x K entries and of B's n x K, or transposed K x n, in row
+    order, where the products read them): wgmma16's core matrices, or swizzle=True TMA's boxes
+    with the 128-byte swizzle (tma.swizzle128_offset_host)."""
+    def offsets(rows, cols):
+        r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+        if swizzle:
+            return tma.swizzle128_offset_host(r, c, rows).ravel().astype(np.int32)
+        return wgmma16.core_offset16_host(r, c, cols).ravel().astype(np.int32)
+    return offsets(64, K), offsets(K, n) if transposed else offsets(n, K)
+
+
 def product_kernel(n, K, fmt, transposed=False, products16=wgmma16.products16,
-                   fence=wgmma.fence_proxy_async):
+                   fence=wgmma.fence_proxy_async, swizzle=False):
     """D = A B^T (mma_ss) and E = C + A2 B^T (mma_rs, A2 from registers) by one warpgroup on
     16-bit patterns: A, A2 (64 x K), B (n x K), or transposed B^T (K x n), staged with the
-    contraction as its rows and read transposed (b_rows); C, D, E (64 x n) float32.
-    products16, fence: wgmma16's and the async proxy fence, or mma16's and none (the same
-    interface on mma.sync; fence.proxy.async does not compile below sm_90)."""
-    prod = products16(n, K, K, fmt, b_rows=n if transposed else None)
+    contraction as its rows and read transposed (b_rows); C, D, E (64 x n) float32; the last
+    two arguments tile_offsets(n, K, transposed, swizzle). products16, fence: wgmma16's and
+    the async proxy fence, or mma16's and none (the same interface on mma.sync;
+    fence.proxy.async does not compile below sm_90). swizzle: the tiles in TMA's layout,
+    1024-byte aligned (tma.swizzle_base), and the products told so."""
+    prod = products16(n, K, K, fmt, b_rows=n if transposed else None,
+                      **(dict(swizzle=True) if swizzle else {}))
     ss, rs, regs = prod["mma_ss"], prod["mma_rs"], prod["regs"]
     pack = wgmma16.make_pack_half2(fmt)
     A_AT, B_AT = 0, 64 * K
     WORDS = 4 * (K // 16)
-    NBYTES = 2 * (64 * K + n * K) + (4 * wgmma.SCRATCH if SIMULATOR else 0)
-    SCRATCH_AT = (64 * K + n * K) // 2
+    PAD = tma.SWIZZLE_ALIGN if swizzle else 0       # bytes to align the tiles
+    NBYTES = 2 * (64 * K + n * K) + PAD + (4 * wgmma.SCRATCH if SIMULATOR else 0)
+    SCRATCH_AT = (2 * (64 * K + n * K) + PAD) // 4
 
     @cuda.jit
-    def product(A, A2, B, C, D, E):
+    def product(A, A2, B, C, D, E, a_off, b_off):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
         tid = cuda.threadIdx.x
         warp, lane = tid // 32, tid % 32
+        base = tma.swizzle_base(sh) if swizzle else 0
         for i in range(tid, 64 * K, 128):
-            sh[A_AT + wgmma16.core_offset16(i // K, i % K, K)] = A[i // K, i % K]
+            sh[base + A_AT + a_off[i]] = A[i // K, i % K]
         for i in range(tid, n * K, 128):
             if transposed:          # B^T: row k = i // n, column c = i % n
-                sh[B_AT + wgmma16.core_offset16(i // n, i % n, n)] = B[i // n, i % n]
+                sh[base + B_AT + b_off[i]] = B[i // n, i % n]
             else:
-                sh[B_AT + wgmma16.core_offset16(i // K, i % K, K)] = B[i // K, i % K]
+                sh[base + B_AT + b_off[i]] = B[i // K, i % K]
         fence()
         cuda.syncthreads()
-        d = ss(sh, A_AT, B_AT)
+        d = ss(sh, base + A_AT, base + B_AT)
         a = cuda.local.array(WORDS, uint32)
         for w in range(WORDS):
             s, e = w // 4, w % 4
@@ -94,7 +111,7 @@ def product_kernel(n, K, fmt, transposed=False, products16=wgmma16.products16,
         for j in range(regs):
             r, c = wgmma.position(j, warp, lane)
             acc[j] = C[r, c]
-        rs(sh, sm, acc, a, B_AT, SCRATCH_AT)
+        rs(sh, sm, acc, a, base + B_AT, SCRATCH_AT)
         for j in range(regs):
             r, c = wgmma.position(j, warp, lane)
             D[r, c] = d[j]
@@ -102,13 +119,14 @@ def product_kernel(n, K, fmt, transposed=False, products16=wgmma16.products16,
     return product, NBYTES
 
 
+@pytest.mark.parametrize("swizzle", [False, True])
 @pytest.mark.parametrize("fmt", sorted(FORMATS))
 @pytest.mark.parametrize("n,K,transposed", [(64, 64, False), (128, 64, False), (64, 128, False),
                                             (64, 64, True), (128, 64, True), (64, 128, True)])
-def test_products16_on_integers_are_exact(fmt, n, K, transposed):
+def test_products16_on_integers_are_exact(fmt, n, K, transposed, swizzle):
     # integers |x| <= 8: every product and sum exact in float32, so the tensor core, whatever
     # its order of additions, and the model give A B^T exactly; a wrong layout, descriptor or
-    # fragment gives other numbers
+    # fragment gives other numbers. swizzle: TMA's layout (the wgmma16-tma forward's tiles)
     rng = np.random.default_rng(n + K)
     A, A2 = (rng.integers(-8, 9, (64, K)).astype(np.float32) for _ in range(2))
     B = rng.integers(-8, 9, (n, K)).astype(np.float32)
@@ -116,9 +134,10 @@ def test_products16_on_integers_are_exact(fmt, n, K, transposed):
     bits = lambda x: x.astype(FORMATS[fmt]).view(np.uint16)         # noqa: E731
     D = np.full((64, n), np.nan, np.float32)
     E = np.full((64, n), np.nan, np.float32)
-    kernel, nbytes = product_kernel(n, K, fmt, transposed)
+    kernel, nbytes = product_kernel(n, K, fmt, transposed, swizzle=swizzle)
     stored = np.ascontiguousarray(B.T) if transposed else B
-    kernel[1, 128, 0, nbytes](bits(A), A2, bits(stored), C, D, E)
+    kernel[1, 128, 0, nbytes](bits(A), A2, bits(stored), C, D, E,
+                              *tile_offsets(n, K, transposed, swizzle))
     np.testing.assert_array_equal(D, A @ B.T)
     np.testing.assert_array_equal(E, C + A2 @ B.T)
 
@@ -350,10 +369,11 @@ def test_wgmma16_dq_in_flight_across_q_blocks_and_heads():
 @pytest.mark.parametrize("d", [72, pytest.param(40, marks=pytest.mark.gpu),
                                pytest.param(128, marks=pytest.mark.gpu)])
 def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
-    # the same products on the same tiles: cp.async (aligned arrays) or element by element
-    # (any view) must give the same bits, forward (out, lse) and backward (dq, dk, dv). d = 72
-    # on the simulator: three warpgroups, whose threads do not divide a tile's chunks
-    # (stage16's last round), and chunks past d staged as zeros
+    # the same products on the same tiles: staged by TMA (the wgmma16-tma forward: swizzled
+    # tiles), by cp.async (aligned arrays) or element by element (any view) must give the same
+    # bits, forward (out, lse) and backward (dq, dk, dv; cp.async or not). d = 72 on the
+    # simulator: three warpgroups, whose threads do not divide a tile's chunks (stage16's last
+    # round), and chunks past d staged as zeros
     from numba_flash.kernels.sm90 import backward16
     rng = np.random.default_rng(d)
     nq, nk = 100, 150
@@ -364,24 +384,29 @@ def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
     D = forward16.padded(d)
     Dsum = rng.standard_normal((2, nq)).astype(np.float32)
     results = []
-    for asynchronous in (True, False):
+    for staging in ("cp.async", "sync", "tma"):
         out = cuda.to_device(np.zeros((2, nq, d), np.uint16))
         lse = cuda.to_device(np.zeros((2, nq), np.float32))
         args = [cuda.to_device(x) for x in (q, k, v)]
-        fwd = forward16.make_kernel(D, True, "float16", asynchronous)
+        fwd = forward16.make_kernel(D, True, "float16", staging != "sync", tma=staging == "tma")
+        maps = tma.tensor_maps(args) if staging == "tma" else lse
         fwd[(1, 2), forward16.threads(D)](*args, out, lse, np.float32(0.2 * forward16.LOG2E),
-                                          2, 2)
+                                          2, 2, maps)
+        results.append([x.copy_to_host() for x in (out, lse)])
+        if staging == "tma":
+            continue
         grads = [cuda.to_device(np.zeros(x.shape, np.float32 if x is q else np.uint16))
                  for x in (q, k, v)]              # dq float32, dk and dv rounded patterns
-        bwd = backward16.make_dkdv_kernel(D, True, "float16", asynchronous)
+        bwd = backward16.make_dkdv_kernel(D, True, "float16", staging == "cp.async")
         bwd[(2, 1), backward16.THREADS](*args, cuda.to_device(dout), lse, cuda.to_device(Dsum),
                                         grads[1], grads[2], grads[0], np.float32(0.2), 2, 2)
-        results.append([x.copy_to_host() for x in (out, lse, *grads)])
-    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), *results):
-        if name == "dq":        # added by atomics from every K/V block: in any order
-            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
-        else:
-            assert a.tobytes() == b.tobytes(), name
+        results[-1] += [x.copy_to_host() for x in grads]
+    for name, *got in zip(("out", "lse"), *(r[:2] for r in results)):     # three forwards
+        assert all(x.tobytes() == got[0].tobytes() for x in got[1:]), name
+    cp_async, sync = (r[2:] for r in results[:2])                           # two backwards
+    np.testing.assert_allclose(cp_async[0], sync[0], rtol=1e-5, atol=1e-6)  # dq: atomics, in
+    for name, a, b in zip(("dk", "dv"), cp_async[1:], sync[1:]):          # any order
+        assert a.tobytes() == b.tobytes(), name
 
 
 def test_wgmma16_deterministic_backward_is_the_widened_one():

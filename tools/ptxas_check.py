@@ -24,8 +24,9 @@ launchers the pairs call (so a variant this file does not name is not compiled):
       each also as its half-input variant (label "... half": the products of the half
       inputs' zero small parts not issued);
     sm90 forward16 and backward16 (the "wgmma16" pair: its forward, its dK/dV kernel): d = 64
-      and 128, bfloat16 and float16, causal both; "mma16 ...": the same kernels on mma.sync
-      (the "mma16" pair), compiled for sm_80;
+      and 128, bfloat16 and float16, causal both; "... tma": the forward staged by TMA (the
+      "wgmma16-tma" pair); "mma16 ...": the same kernels on mma.sync (the "mma16" pair),
+      compiled for sm_80;
     fa2 (float32, default tiles, d = 64 and 128, not causal):
       forward, the backward's dK/dV kernel with dq_atomic=True (as run_backward configures it),
       and the deterministic path's dK/dV and dQ kernels.
@@ -83,7 +84,10 @@ import sass  # noqa: E402
 
 A3, A2 = types.Array(float32, 3, "C"), types.Array(float32, 2, "C")
 H3 = types.Array(types.uint16, 3, "C")          # 16-bit patterns (the wgmma16 forward)
-FORWARD16_ARGS = (H3, H3, H3, H3, A2, float32, int64, int64)
+# (q, k, v, out, lse, scale log2, heads, group, maps): maps the TMA kernel's tensor maps; the
+# others are given lse there (unused)
+FORWARD16_ARGS = (H3, H3, H3, H3, A2, float32, int64, int64, A2)
+FORWARD16_TMA_ARGS = FORWARD16_ARGS[:-1] + (types.Array(types.uint8, 2, "C"),)
 # (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group)
 DKDV16_ARGS = (H3, H3, H3, H3, A2, A2, H3, H3, A3, float32, int64, int64)   # dk, dv 16-bit
 # (q, k, v, out, lse, scale, heads, group)
@@ -102,6 +106,8 @@ def _dispatchers(label, launcher):
         yield from _dispatchers(f"{label} vector", launcher.vector)
         yield from _dispatchers(f"{label} scalar", launcher.scalar)
     elif hasattr(launcher, "dispatch"):          # forward16's launcher (scale -> scale log2 e)
+        if getattr(launcher, "tma", None) is not None:
+            yield from _dispatchers(f"{label} tma", launcher.tma)
         yield from _dispatchers(label, launcher.dispatch)
     elif isinstance(launcher, Launcher):
         yield from _dispatchers(label, launcher.kernel)
@@ -138,10 +144,11 @@ def kernels():
     for causal, fmt, d in ((c, f, d) for c in (False, True) for f in ("bfloat16", "float16")
                            for d in (64, 128)):
         launcher, _ = sm90_forward16.make_forward_kernel(*sm90_forward16.tiles(d), d, causal,
-                                                         np.dtype(fmt))
+                                                         np.dtype(fmt), tma=True)
         for label, kernel in _dispatchers(f"sm90 forward16 d={d} {fmt} causal={causal}",
                                           launcher):
-            yield label, kernel, FORWARD16_ARGS
+            yield label, kernel, FORWARD16_TMA_ARGS if label.endswith("tma") else \
+                FORWARD16_ARGS
         launcher = sm90_backward16.dkdv_launcher(d, causal, fmt)
         for label, kernel in _dispatchers(f"sm90 backward16 d={d} {fmt} causal={causal}",
                                           launcher):

@@ -34,16 +34,18 @@ def sections(text):
     ins = instructions(text)
     if not ins:
         raise ValueError("no SASS instructions in the text")
+    exits = [a for a, op, _ in ins if op == "EXIT"]
+    last = max(exits) if exits else ins[-1][0]
     loops = []
     for address, op, body in ins:
         m = _BRANCH.search(body) if op == "BRA" else None
-        if m and int(m.group(1), 16) < address:
+        # (a branch past the last EXIT back into the kernel is an out-of-line retry, e.g. an
+        # mbarrier wait's, spanning all before it: not a loop of the kernel)
+        if m and int(m.group(1), 16) < address <= last:
             start = int(m.group(1), 16)
             body_ops = [o for a, o, _ in ins if start <= a <= address]
             loops.append((sum(o in TENSOR_OPS for o in body_ops), len(body_ops), start,
                           address))
-    exits = [a for a, op, _ in ins if op == "EXIT"]
-    last = max(exits) if exits else ins[-1][0]
     tensor, _, lo, hi = max(loops) if loops else (0, 0, None, None)
     count = {"before": 0, "loop": 0, "after": 0, "subroutines": 0}
     for address, op, _ in ins:

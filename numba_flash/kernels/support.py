@@ -74,9 +74,10 @@ def inlined_device_function(fn):
 @cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True)
 def warp_barrier():
     """Barrier for data that stays inside a warp (rows owned by one warp); the simulator has
-    no syncwarp, so there it is a block barrier (every thread of the block calls it)."""
+    no syncwarp, so there it is its warpgroup's barrier (every thread of the warpgroup calls
+    it)."""
     if SIMULATOR:
-        cuda.syncthreads()
+        warpgroup_barrier()
     else:
         cuda.syncwarp()
 
@@ -250,11 +251,18 @@ def wake_simulator_barriers_by_condition():
         return
     thread_body = thread.run
 
-    def release(self):                     # a BlockManager's barrier opens (under its lock)
+    def release(self):                     # a barrier opens (under its block's lock)
         self._waiting = 0
         sleepers, self._sleepers = self._sleepers, []
         if sleepers:                        # the first waiter; each wakes the next
             sleepers[0].release()
+
+    class Group:
+        """The barrier of some of a block's threads (a warpgroup): arrivals, live members,
+        sleepers, as the block's own (_waiting, _alive, _sleepers)."""
+
+        def __init__(self, alive):
+            self._waiting, self._alive, self._sleepers = 0, alive, []
 
     def run(self, grid_point, *args):
         self._cv, self._waiting, self._sleepers = threading.Condition(), 0, []
@@ -266,6 +274,12 @@ def wake_simulator_barriers_by_condition():
         threads = [thread(target, self, grid_point, point, self._debug)
                    for point in np.ndindex(*self._block_dim)]
         self._alive = len(threads)          # before any starts: all take part in a barrier
+        bx, by = self._block_dim[0], self._block_dim[1]
+        self._groups = {}
+        for t in threads:                   # warpgroups: 128 consecutive linear thread ids
+            x, y, z = t.threadIdx
+            t._group = (x + bx * (y + by * z)) // WARPGROUP_THREADS
+            self._groups.setdefault(t._group, Group(0))._alive += 1
         for t in threads:
             t.start()
         with self._cv:
@@ -275,6 +289,8 @@ def wake_simulator_barriers_by_condition():
             if failed is not None:
                 self._abort = True
                 release(self)               # the waiters see the abort and raise
+                for group in self._groups.values():
+                    release(group)
         if failed is not None:
             raise failed.exception[0].with_traceback(failed.exception[1])
 
@@ -285,23 +301,28 @@ def wake_simulator_barriers_by_condition():
             m._alive -= 1
             if self.exception is not None and m._failed is None:
                 m._failed = self
-            if m._waiting and m._waiting == m._alive:
-                release(m)                  # the rest wait at a barrier this thread never met
+            # the rest wait at a barrier this thread never met
+            for barrier in (m, m._groups[self._group]):
+                if barrier is not m:
+                    barrier._alive -= 1
+                if barrier._waiting and barrier._waiting == barrier._alive:
+                    release(barrier)
             m._cv.notify_all()
 
-    def syncthreads(self):
+    def wait_at(self, barrier):
+        """This thread at `barrier` (its block's, or its group's) until all live members are."""
         m = self._manager
         lock = None
         with m._cv:
             if m._abort:
                 raise RuntimeError("abort flag set on syncthreads call")
-            m._waiting += 1
-            if m._waiting == m._alive:
-                release(m)
+            barrier._waiting += 1
+            if barrier._waiting == barrier._alive:
+                release(barrier)
             else:                           # sleep on a lock of this thread's own, taken
                 lock = threading.Lock()     # here and given back by release()
                 lock.acquire()
-                queue, place = m._sleepers, len(m._sleepers)
+                queue, place = barrier._sleepers, len(barrier._sleepers)
                 queue.append(lock)
         if lock is not None:
             lock.acquire()
@@ -310,12 +331,32 @@ def wake_simulator_barriers_by_condition():
         if m._abort:
             raise RuntimeError("abort flag set on syncthreads clear")
 
+    def syncthreads(self):
+        wait_at(self, self._manager)
+
+    def warpgroup_sync(self):
+        wait_at(self, self._manager._groups[self._group])
+
     run._event_driven = True
     manager._release, manager.run = release, run
-    thread.run, thread.syncthreads = thread_run, syncthreads
+    thread.run, thread.syncthreads, thread.warpgroup_sync = thread_run, syncthreads, warpgroup_sync
+
+
+WARPGROUP_THREADS = 128     # threads of a warpgroup (sm90.wgmma.WARPGROUP)
 
 
 wake_simulator_barriers_by_condition()
+
+
+def warpgroup_barrier():
+    """The simulator's barrier of the calling thread's warpgroup (128 consecutive threads of
+    its block, or the rest of them in the last): what a warpgroup-wide instruction (wgmma, a
+    warp's shuffles and votes) orders on a GPU, which its model exchanges through shared
+    memory. Every thread of the warpgroup calls it, and only those: a warpgroup that skips a
+    product does not hold the others' exchanges up, as it does not on a GPU (a block barrier
+    there let a causal kernel's stage-only warpgroups run steps ahead of the computing ones).
+    Simulator only (there is nothing to call on a GPU)."""
+    threading.current_thread().warpgroup_sync()
 
 
 # 2^x below this is subnormal in float32: ex2.approx.ftz gives 0 there

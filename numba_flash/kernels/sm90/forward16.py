@@ -9,7 +9,17 @@ STAGES = 3 K/V blocks in shared memory (sm90.stage16): K of this block and V of 
 are read while the next block arrives by cp.async (16-byte copies that the threads do not wait
 for, each thread's worked out once by a stage16.Plan; where q, k, v are not 16-byte aligned,
 staged synchronously instead). One barrier a block: this block's copies are waited for and
-fenced for wgmma before it, the next block's started after it. Under causal masking the
+fenced for wgmma before it, the next block's started after it.
+
+With tma=True (the "wgmma16-tma" pair, where q, k, v pass tma.tma_ready) the copy engine
+stages instead: thread 0 starts Q (one box of 64 x 64 a warpgroup and 64 columns) with the
+first K/V block, and each K/V block (two or four boxes) two blocks ahead, into TMA_STAGES = 4
+stages with the 128-byte swizzle that the products read (wgmma16, swizzle=True); each stage's
+mbarrier counts its bytes in. Still one barrier a block: past it every warp is done with the
+stage two blocks back, which thread 0 refills; then every thread waits for this block's
+mbarrier phase. No thread issues a copy instruction but thread 0, and nothing waits for a
+copy but the block that needs it (the cp.async kernel's fence waits for every copy in
+flight, so it could not prefetch deeper). Under causal masking the
 query blocks run heaviest first (the last rows see the most keys), and a warpgroup computes
 only the K/V blocks its own rows see, staging the rest for the warpgroups below it; one whose
 rows all lie past Nq (in the last query block, where block_m does not divide Nq) only stages.
@@ -49,10 +59,13 @@ from reference.precision import half_format
 
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index,
                        inlined_device_function, kernel_jit, kv_head, simulator_launch)
-from ..vector_io import AlignedDispatch, make_copies_wait
+from ..vector_io import AlignedDispatch, aligned, make_copies_wait
 from .operands import BLOCK, REGS
 from .softmax import FLT_MAX, LAZY_LOG2, LOG2E, make_finish_rows, make_online_softmax_lazy
 from .stage16 import make_plan, make_stage16, make_stage_pair, make_store_rows
+from .tma import (BOX, BOX_BYTES, MBARRIER_BYTES, SWIZZLE_ALIGN, mbarrier_expect_tx,
+                  mbarrier_fence_init, mbarrier_init, mbarrier_wait, swizzle_base, tensor_maps,
+                  tma_load, tma_ready)
 from ..mma16 import engine
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
 from .wgmma16 import make_pack_half2, make_wait, products16
@@ -61,6 +74,7 @@ D_MAX = 128          # head dims up to this; zero-padded to 64 or 128
 P_WORDS = REGS // 2  # P's register A fragments: its 32 entries, two to a word
 STAGES = 3           # K/V blocks in shared memory: K of this block and V of the last one
                      # read, the next block arriving
+TMA_STAGES = 4       # with TMA: two blocks arriving (PREFETCH = TMA_STAGES - 2 ahead)
 copies_wait_all = make_copies_wait(0)
 
 
@@ -98,36 +112,52 @@ def check(block_m, block_n, d, dtype):
                          f"({block_m}, {block_n})")
 
 
-def shared_bytes(D):
+def shared_bytes(D, tma=False):
     """Bytes of shared memory the kernel for D takes on a GPU: the warpgroups' Q tiles and
-    STAGES K/V blocks (64 rows x D, 16-bit)."""
+    STAGES K/V blocks (64 rows x D, 16-bit); with TMA, TMA_STAGES blocks, their mbarriers and
+    room to align the tiles for the swizzle."""
+    if tma:
+        return (2 * BLOCK * D * (warpgroups(D) + TMA_STAGES * 2) + MBARRIER_BYTES * TMA_STAGES
+                + SWIZZLE_ALIGN)
     return 2 * BLOCK * D * (warpgroups(D) + STAGES * 2)
 
 
 @functools.lru_cache(maxsize=None)
-def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
+def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False):
     """The kernel for head dims up to D (64 or 128): grid (ceil(Nq / block_m), B*H) and
     threads(D) threads (tiles(d): 128 rows and 256 threads at D = 64, 192 and 384 at 128),
     arguments (q, k, v, out, lse, scale_log2, heads, group): q, k, v, out (B*H, N, d) uint16
     device arrays holding `fmt` ("bfloat16" or "float16") patterns, lse (B*H, Nq) float32,
     scale_log2 = scale log2(e) float32; asynchronous: tiles staged with cp.async (q, k, v
     16-byte aligned, d a multiple of 8), else element by element (stage16); products: the
-    tensor-core engine, "wgmma" (sm_90a) or "mma" (mma.sync, sm_80+; kernels.mma16). Returns
+    tensor-core engine, "wgmma" (sm_90a) or "mma" (mma.sync, sm_80+; kernels.mma16); tma:
+    Q, K and V staged by the copy engine instead (sm90.tma: boxes with the 128-byte swizzle,
+    landing on an mbarrier a stage, TMA_STAGES stages, two blocks ahead; asynchronous wgmma
+    only), the kernel taking a tenth argument, `maps` (tma.tensor_maps of q, k, v). Returns
     the launchable kernel."""
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
+    if tma and not (asynchronous and products == "wgmma"):
+        raise ValueError("TMA staging is the asynchronous wgmma kernel's")
     WARPGROUPS = warpgroups(D)
     BLOCK_M, THREADS = WARPGROUPS * BLOCK, threads(D)
     TILE = BLOCK * D                          # elements of a 64-row Q, K or V tile
     Q_AT, KV_AT = 0, WARPGROUPS * TILE        # warpgroup w's Q at TILE w; K of stage b at
-    NBYTES = shared_bytes(D)                  # KV_AT + 2 TILE b, its V one TILE further
+    NBYTES = shared_bytes(D, tma)             # KV_AT + 2 TILE b, its V one TILE further
     SCRATCH_AT = NBYTES // 4                  # floats: the simulator's exchanges, per warpgroup
+    N_STAGES = TMA_STAGES if tma else STAGES
+    PREFETCH = N_STAGES - 2                   # blocks in flight past this one (TMA)
+    # TMA: stage b's mbarrier at byte MBAR_AT + 8 b past the aligned base; the bytes a stage
+    # and Q bring (whole boxes of 64 x 64, zeros past the arrays included)
+    MBAR_AT = 2 * (KV_AT + N_STAGES * 2 * TILE)
+    KV_BYTES, Q_BYTES = 2 * (D // BOX) * BOX_BYTES, WARPGROUPS * (D // BOX) * BOX_BYTES
     NBYTES += 4 * WARPGROUPS * SCRATCH if SIMULATOR else 0
     O_REGS = D // 2                                           # O's accumulator entries
     eng = engine(products, (products16, make_wait, fence_proxy_async))
     fence = eng.fence
-    s_issue = eng.products16(BLOCK, D, BLOCK, fmt)["ss_issue"]   # S = Q K^T: 64 x 64, K = D
-    pv = eng.products16(D, D, BLOCK, fmt, b_rows=D)                # O += P V, V as staged
+    swizzled = dict(swizzle=True) if tma else {}                  # (the layout TMA writes)
+    s_issue = eng.products16(BLOCK, D, BLOCK, fmt, **swizzled)["ss_issue"]   # S = Q K^T
+    pv = eng.products16(D, D, BLOCK, fmt, b_rows=D, **swizzled)    # O += P V, V as staged
     pv_product, pv_issue, pv_descriptor = pv["mma_rs"], pv["rs_issue"], pv["rs_descriptor"]
     wait_s_but_pv, _ = eng.make_wait(1, O_REGS)                   # S done, P V may still run
     wait_s_alone, wait_o = eng.make_wait(0, O_REGS)
@@ -161,13 +191,37 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             stage_kv(sh, at, k, v, kv, n0, nk, d)
 
     @inlined_device_function
-    def arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared):
-        """Block n1 - 64's tiles in stage b ready for wgmma, then the next block's copies
-        started into the stage after. This block's copies (started a step ago; none newer:
-        a fence waits for every copy in flight) are waited for and fenced for wgmma before the
-        one barrier; past it every thread's have landed, and every warp is done with the
-        stage the next block overwrites (its last reader, P V of block n1 - 192, was waited
-        for in the step before)."""
+    def tma_block(sh, base, maps, k, v, kv, stage, n0, extra_bytes):
+        """(TMA, thread 0) K and V of keys n0.. into `stage`, landing on its mbarrier, which
+        also waits for extra_bytes more (Q's, with the first block)."""
+        bar = U(2) * base + U(MBAR_AT) + stage * U(MBARRIER_BYTES)
+        mbarrier_expect_tx(sh, bar, U(KV_BYTES) + extra_bytes)
+        at = base + U(KV_AT) + stage * U(2 * TILE)
+        for h in range(D // BOX):           # the tile's 64-column boxes
+            tma_load(sh, at + U(h * BOX * BOX), maps, 1, k, U(h * BOX), n0, kv, bar)
+            tma_load(sh, at + U(TILE + h * BOX * BOX), maps, 2, v, U(h * BOX), n0, kv, bar)
+
+    @inlined_device_function
+    def arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared,
+               base, maps):
+        """Block n1 - 64's tiles in stage b ready for wgmma, and the copies of a block ahead
+        started. cp.async: this block's copies (started a step ago; none newer: a fence waits
+        for every copy in flight) are waited for and fenced for wgmma before the one barrier;
+        past it every thread's have landed, and every warp is done with the stage the next
+        block overwrites (its last reader, P V of block n1 - 192, was waited for in the step
+        before); then the next block's copies. TMA: past the barrier every warp is done with
+        the stage of block n1 - 192 (K read by S two steps ago, V by P V a step ago, both
+        waited for), so thread 0 starts block n1 - 64 + 64 PREFETCH into it; then every
+        thread waits for this block's mbarrier phase (stage b's (n1 / 64 - 1) / N_STAGES-th)."""
+        if tma:
+            cuda.syncthreads()
+            ahead = n1 + U(BLOCK * (PREFETCH - 1))
+            if cuda.threadIdx.x == 0 and ahead < n_end:
+                tma_block(sh, base, maps, k, v, kv, (b + U(PREFETCH)) % U(N_STAGES), ahead,
+                          U(0))
+            mbarrier_wait(sh, U(2) * base + U(MBAR_AT) + b * U(MBARRIER_BYTES),
+                          (n1 // U(BLOCK) - U(1)) // U(N_STAGES) % U(2))
+            return
         if asynchronous:
             copies_wait_all()
         fence()
@@ -190,7 +244,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
                               col_t, nq, nk, scale_log2, tau)
 
     @kernel_jit(THREADS)
-    def forward16(q, k, v, out, lse, scale_log2, heads, group):
+    def forward16(q, k, v, out, lse, scale_log2, heads, group, maps):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)     # the tiles
         sm = cuda.shared.array(0, float32, alignment=ALIGN)    # the same memory as floats
         head = head_index()
@@ -206,7 +260,10 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             x = U(cuda.gridDim.x) - U(1) - x        # the light ones fill the grid's tail
         block0 = x * U(BLOCK_M)
         row0 = block0 + wg * uBM
-        q_at = U(Q_AT) + wg * U(TILE)
+        # TMA: the tiles from the first 1024-byte aligned element of sh (the swizzle's period)
+        base = swizzle_base(sh) if tma else U(0)
+        q_at = base + U(Q_AT) + wg * U(TILE)
+        kv0 = base + U(KV_AT)                   # stage 0's K
         scratch = U(SCRATCH_AT) + wg * U(SCRATCH)
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         g4, t4 = lane // U(4), lane % U(4)
@@ -233,8 +290,12 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         shared = cuda.local.array(PER, uint32)
         row_bytes = uint64(k.strides[1])
         kv_at = uint64(kv) * uint64(k.strides[0])
-        if asynchronous:
+        if asynchronous and not tma:
             plan_start(rows, offsets, shared, U(k.strides[1]), d)
+        if tma and cuda.threadIdx.x == 0:     # visible to the others past arrive's barrier
+            for st in range(N_STAGES):
+                mbarrier_init(sh, U(2) * base + U(MBAR_AT + st * MBARRIER_BYTES), U(1))
+            mbarrier_fence_init()
 
         n_end = nk      # the keys of every warpgroup's rows: the blocks staged
         n_wg = nk       # the keys of this warpgroup's rows: the blocks it computes
@@ -256,13 +317,24 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         # stage the rest of the block's (n_end) for the warpgroups below the diagonal.
         b = U(0)                                # this block's stage; the last one's: b_last
         if n_end > U(0):        # (a block whose rows see no key stages nothing)
-            stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
-            stage_block(sh, U(KV_AT), k, v, kv, U(0), nk, d, kv_at, row_bytes, rows, offsets,
-                        shared)
+            if not tma:
+                stage_q(sh, U(Q_AT), q, bh, block0, nq, d)
+                stage_block(sh, U(KV_AT), k, v, kv, U(0), nk, d, kv_at, row_bytes, rows,
+                            offsets, shared)
+            elif cuda.threadIdx.x == 0:     # Q with block 0 (its mbarrier), then blocks ahead
+                tma_block(sh, base, maps, k, v, kv, U(0), U(0), U(Q_BYTES))
+                for w in range(WARPGROUPS):
+                    for h in range(D // BOX):
+                        tma_load(sh, base + U(Q_AT + w * TILE + h * BOX * BOX), maps, 0, q,
+                                 U(h * BOX), block0 + U(w * BLOCK), bh,
+                                 U(2) * base + U(MBAR_AT))
+                for j in range(1, PREFETCH):
+                    if U(j * BLOCK) < n_end:
+                        tma_block(sh, base, maps, k, v, kv, U(j), U(j * BLOCK), U(0))
             arrive(sh, k, v, kv, b, U(BLOCK), n_end, nk, d, kv_at, row_bytes, rows, offsets,
-                   shared)
+                   shared, base, maps)
             if n_wg > U(0):
-                s = wait_s_alone(s_issue(sh, q_at, U(KV_AT)))
+                s = wait_s_alone(s_issue(sh, q_at, kv0))
                 softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2, tau,
                               U(0), row0, i0, i1, col_t, nq, nk)
                 pack_p(p_regs, s_acc)
@@ -271,9 +343,10 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         b = U(1)
         while n0 < n_wg:
             n1 = n0 + uBM
-            arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared)
-            v_desc = pv_descriptor(sh, U(KV_AT) + b_last * U(2 * TILE) + U(TILE))
-            s = s_issue(sh, q_at, U(KV_AT) + b * U(2 * TILE))
+            arrive(sh, k, v, kv, b, n1, n_end, nk, d, kv_at, row_bytes, rows, offsets, shared,
+                   base, maps)
+            v_desc = pv_descriptor(sh, kv0 + b_last * U(2 * TILE) + U(TILE))
+            s = s_issue(sh, q_at, kv0 + b * U(2 * TILE))
             pv_issue(sh, sm, o_acc, p_regs, v_desc, scratch)
             s = wait_s_but_pv(s)
             rescaled = softmax_block(sm, scratch, s, s_acc, m, l, m_safe, alpha, scale_log2,
@@ -285,16 +358,15 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
             pack_p(p_regs, s_acc)
             n0 = n1
             b_last = b
-            b = (b + U(1)) % U(STAGES)
+            b = (b + U(1)) % U(N_STAGES)
         if n_wg > U(0):     # (waited for: past it this warpgroup reads no stage)
-            pv_product(sh, sm, o_acc, p_regs, U(KV_AT) + b_last * U(2 * TILE) + U(TILE),
-                       scratch)
+            pv_product(sh, sm, o_acc, p_regs, kv0 + b_last * U(2 * TILE) + U(TILE), scratch)
         if causal:          # blocks past this warpgroup's rows, staged for the others
             while n0 < n_end:
                 arrive(sh, k, v, kv, b, n0 + uBM, n_end, nk, d, kv_at, row_bytes, rows,
-                       offsets, shared)
+                       offsets, shared, base, maps)
                 n0 += uBM
-                b = (b + U(1)) % U(STAGES)
+                b = (b + U(1)) % U(N_STAGES)
 
         for h in range(2):
             m[h] *= scale_log2              # lse in units of log2: m c
@@ -319,34 +391,46 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma"):
 
 class _Launch:
     """kernel[grid, threads, stream](q, k, v, out, lse, scale, heads, group) as the registry
-    launches a forward: scale turned into scale log2(e) (S is formed in units of log2), the
-    asynchronous kernel where q, k, v allow it (vector_io.AlignedDispatch), else the
-    synchronous one; products: make_kernel's."""
+    launches a forward: scale turned into scale log2(e) (S is formed in units of log2); with
+    tma, the TMA kernel where q, k, v allow it (tma.tma_ready; out 16-byte aligned) and its
+    tensor maps; else the asynchronous kernel where q, k, v allow it
+    (vector_io.AlignedDispatch), else the synchronous one; products: make_kernel's. Kernels
+    without TMA take lse in place of `maps` (unused there)."""
 
-    def __init__(self, D, causal, fmt, products):
+    def __init__(self, D, causal, fmt, products, tma=False):
+        self.tma = make_kernel(D, causal, fmt, True, products, tma=True) if tma else None
         self.dispatch = AlignedDispatch(make_kernel(D, causal, fmt, True, products),
                                         make_kernel(D, causal, fmt, False, products),
                                         positions=range(4), same_strides=[(1, 2)])
 
     def __getitem__(self, config):
+        if self.tma is not None:
+            tma_run, stream = self.tma[config], (*config, 0)[2]
         run = self.dispatch[config]
 
         def launch(q, k, v, out, lse, scale, heads, group):
             # in float32, as the backward forms it on the device
-            run(q, k, v, out, lse, np.float32(scale) * np.float32(LOG2E), heads, group)
+            scale_log2 = np.float32(scale) * np.float32(LOG2E)
+            if self.tma is not None and tma_ready(q, k, v) and aligned(out):
+                tma_run(q, k, v, out, lse, scale_log2, heads, group,
+                        tensor_maps((q, k, v), stream))
+            else:
+                run(q, k, v, out, lse, scale_log2, heads, group, lse)
         return launch
 
 
-def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, products="wgmma"):
+def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, products="wgmma",
+                        tma=False):
     """(launch, threads) for the registry: the kernel for head_dim's padded D and the format
     of dtype (check() first), its products on `products` ("wgmma": the wgmma16 pair; "mma":
-    the mma16 pair)."""
+    the mma16 pair); tma: Q, K, V staged by TMA where the arrays allow it (the wgmma16-tma
+    pair)."""
     check(block_m, block_n, head_dim, dtype)
-    return _launcher(padded(head_dim), bool(causal), half_format(dtype), products), \
+    return _launcher(padded(head_dim), bool(causal), half_format(dtype), products, tma), \
         threads(padded(head_dim))
 
 
 @functools.lru_cache(maxsize=None)
-def _launcher(D, causal, fmt, products):
+def _launcher(D, causal, fmt, products, tma):
     """One _Launch a configuration (the API asks for it at every call)."""
-    return _Launch(D, causal, fmt, products)
+    return _Launch(D, causal, fmt, products, tma)

@@ -179,8 +179,8 @@ def make_store_rows(D, fmt):
     then a 16-byte chunk a lane, read back and stored (dst's data pointer and rows 16-byte
     aligned, d a multiple of 8: the asynchronous kernels' dispatch). words: a local uint32
     array of at least 4 entries to use. Only the warp reads the rows it writes: a warp barrier
-    between (sm_90: stmatrix; on the simulator the model's exchanges are block barriers, so
-    every thread of the block calls it)."""
+    between (sm_90: stmatrix; on the simulator the model's exchanges are warpgroup barriers,
+    so every thread of the warpgroup calls it)."""
     CHUNKS = D // CHUNK                     # 16-byte chunks of a row
     pack = make_pack_half2(fmt)
 

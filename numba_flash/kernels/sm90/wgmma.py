@@ -59,7 +59,7 @@ from numba import cuda, float32, types, uint32, uint64
 
 from reference.precision import step_3xtf32_exact, step_3xtf32_parts
 
-from ..support import SIMULATOR, device_function
+from ..support import SIMULATOR, device_function, warpgroup_barrier
 
 STEP = 8           # contraction per wgmma for TF32 (K)
 CORE = 32          # floats per core matrix (8 rows x 4)
@@ -101,8 +101,9 @@ def a_fragment_index(e, warp, lane):
 CHAIN = 4
 
 # The simulator's exchanges between a warpgroup's threads (it has no warp-wide instructions):
-# each thread writes its part into shared memory at `scratch`, one barrier, each reads what it
-# needs. Two buffers of each kind, taken in turn by every thread, make a second barrier (before
+# each thread writes its part into shared memory at `scratch`, one barrier of the warpgroup
+# (support.warpgroup_barrier: what the warpgroup's instruction orders on a GPU, and no more),
+# each reads what it needs. Two buffers of each kind, taken in turn by every thread, make a second barrier (before
 # the next write) unnecessary: a thread rewrites a buffer two exchanges later, past the barrier
 # of the exchange between, which no thread passes before every thread has done its reads of
 # this one. A barrier costs ~6 ms of 128 simulated threads (17 ms of 256); with one exchange per
@@ -114,8 +115,8 @@ SCRATCH = 2 * GATHER + 2 * QUAD  # floats of shared memory a warpgroup's exchang
 
 
 # Row reductions over a quad (lanes 4g..4g+3 hold the same two rows of a C fragment) and a
-# warp's vote (warp_any): warp shuffles and vote.any on a GPU; the simulator has none, so there the quad's values go through shared
-# memory (every thread of the block must call it). The order of the additions is the same both
+# warp's vote (warp_any): warp shuffles and vote.any on a GPU; the simulator has none, so there
+# the quad's values go through shared memory (every thread of the warpgroup must call it). The order of the additions is the same both
 # ways: (x0 + x1) + (x2 + x3), in any thread.
 if SIMULATOR:
     _turns = threading.local()
@@ -129,12 +130,12 @@ if SIMULATOR:
     @cuda.jit(device=True)
     def exchange_in_warp(sm, at, x):
         """Every thread posts x (one float) in its warpgroup's exchange buffer at `at`, one
-        barrier (every thread of the block calls it); returns where in sm the values of
+        barrier (every thread of the warpgroup calls it); returns where in sm the values of
         this thread's warp begin (lane l's at that + l)."""
         tid = cuda.threadIdx.x % WARPGROUP
         base = at + 2 * GATHER + exchange_buffer("quad") * QUAD
         sm[base + tid] = x
-        cuda.syncthreads()
+        warpgroup_barrier()
         return base + tid - tid % 32
 
     @cuda.jit(device=True)
@@ -456,7 +457,7 @@ def products(n, KA, KB, exact=None):
                     r, k = a_fragment_index(e, warp, lane)
                     sm[at + x * 2 * 64 * STEP + r * STEP + k] = big[e]
                     sm[at + x * 2 * 64 * STEP + 64 * STEP + r * STEP + k] = small[e]
-            cuda.syncthreads()
+            warpgroup_barrier()
             return at
 
         @functools.lru_cache(maxsize=None)

@@ -22,6 +22,16 @@ units (T = 8 elements), with core matrices of 8 K rows x 16 bytes of N (the tile
 SBO = 128 bytes (the next 8 of N: the next core matrix of the row group) and LBO = 16 W bytes
 (the next 8 of K: the next row group); a k16 step is two row groups, 32 W bytes.
 
+Swizzled tiles (`swizzle=True`: what TMA writes, sm90/tma.py). Each tile is 64-column boxes
+of its rows x 128 bytes, row r of a box at 128 r bytes with its 16-byte chunk j at chunk
+j ^ (r % 8) (tma.swizzle128_offset_host(r, c, R): box h of an R-row tile at 64 R h elements),
+the tile 1024-byte aligned. Descriptors in swizzle mode 1 (128 bytes, bits 62-63): K-major A
+and B with SBO = 1024 bytes (8 rows), LBO unused, a k16 step 32 bytes into a box, the next box
+R rows x 128 bytes further (PTX's ((8,m),(T,2k)):((8T,SBO),(1,T)) under Swizzle<3,4,3>); a
+transposed B (MN-major, the tile's rows the contraction) with LBO = the next 64 columns
+(R x 128 bytes), SBO = 1024 bytes, a k16 step 16 rows (2048 bytes): ((T,8,m),(8,k)):
+((1,T,LBO),(8T,SBO)). On the simulator the models read the same offsets.
+
     mma_ss(sh, a_at, b_at)      A B^T, A (64 x K) and B (n x K) 16-bit tiles at element
                                 offsets a_at, b_at of the shared array sh, K // 16 steps
                                 chained in a fresh accumulator, one wait: a tuple of n / 2
@@ -65,7 +75,7 @@ from numba import cuda, float32, types, uint32, uint64
 
 from reference.precision import HALF_FORMATS
 
-from ..support import SIMULATOR, device_function
+from ..support import SIMULATOR, device_function, warpgroup_barrier
 from .wgmma import GATHER, WARPGROUP
 
 STEP16 = 16        # contraction per wgmma for 16-bit operands (K)
@@ -108,6 +118,7 @@ if SIMULATOR:
 
     import ml_dtypes
 
+    from .tma import SWIZZLE_ALIGN, swizzle128_offset_host
     from .wgmma import exchange_buffer, exchange_in_warp
 
     def decode_host(bits, fmt):
@@ -175,13 +186,26 @@ if SIMULATOR:
         return tuple(np.uint32(int(sh[at + 2 * w]) | (int(sh[at + 2 * w + 1]) << 16))
                      for w in range(4))
 
-    def _products16(n, KA, KB, fmt, b_rows):
+    def _products16(n, KA, KB, fmt, b_rows, swizzle):
         """products16 on the simulator: NumPy models."""
         regs = n // 2
 
+        def a_offset(r, k, K):
+            return swizzle128_offset_host(r, k, 64) if swizzle else core_offset16_host(r, k, K)
+
         def b_offset(c, k, K):
+            if swizzle:         # B's rows n, or transposed the contraction's K
+                return swizzle128_offset_host(c, k, n) if b_rows is None else \
+                    swizzle128_offset_host(k, c, K)
             return core_offset16_host(c, k, K) if b_rows is None else \
                 core_offset16_host(k, c, b_rows)
+
+        def check_aligned(*offsets):
+            """A swizzled tile starts at a multiple of 1024 bytes (tma.SWIZZLE_ALIGN), else a
+            GPU's swizzle, which follows address bits, reads other elements."""
+            if swizzle and any((2 * int(at)) % SWIZZLE_ALIGN for at in offsets):
+                raise ValueError(f"a swizzled wgmma operand at element offsets {offsets}: not "
+                                 f"{SWIZZLE_ALIGN}-byte aligned")
 
         # index arrays of a thread's entries, computed once per (warp, lane): with them
         # vectorized, one NumPy model call per product and thread (128 Python threads)
@@ -189,7 +213,7 @@ if SIMULATOR:
         def ss_indices(warp, lane):
             r, c = _entries(regs, warp, lane)
             k = np.arange(KA)
-            return core_offset16_host(r[:, None], k, KA), b_offset(c[:, None], k, KA)
+            return a_offset(r[:, None], k, KA), b_offset(c[:, None], k, KA)
 
         @functools.lru_cache(maxsize=None)
         def rs_indices(warp, lane):
@@ -204,6 +228,7 @@ if SIMULATOR:
 
         def ss_entries(sh, a_at, b_at, tid):
             """Thread tid's entries of A B^T, A and B read from sh now (float32 array)."""
+            check_aligned(a_at, b_at)
             ka, kb = ss_indices((tid % WARPGROUP) // 32, tid % 32)
             a = decode_host(sh[a_at + ka], fmt)
             b = decode_host(sh[b_at + kb], fmt)
@@ -215,13 +240,14 @@ if SIMULATOR:
             """The warpgroup's register A (64 x KB, through a gather buffer: one barrier) and
             a function of it giving this thread's entries of A B^T, B read from sh when it
             is called (float64 array: the exact sums, added to acc by accumulate)."""
+            check_aligned(b_at)
             words, ka, kb = rs_indices((cuda.threadIdx.x % WARPGROUP) // 32,
                                        cuda.threadIdx.x % 32)
             at = scratch + exchange_buffer("gather") * GATHER
             bits = np.asarray(a, np.uint32)
             sm[at + words] = decode_host((bits & 0xFFFF).astype(np.uint16), fmt)
             sm[at + words + 1] = decode_host((bits >> 16).astype(np.uint16), fmt)
-            cuda.syncthreads()
+            warpgroup_barrier()
             av = sm[at + ka].astype(np.float64)
 
             def entries():
@@ -515,18 +541,19 @@ else:
             return types.void(acc, a, b), codegen
         return product
 
-    def _ss_intrinsic(n, steps, fmt, b_step, b_trans, wait=True):
-        """A B^T over `steps` k16 steps, both operands by descriptor (step 0's; step s adds
-        16 s to A's, b_step s to B's), B transposed (MN-major) if b_trans, chained in a fresh
-        accumulator (scale-d false on the first), one wait."""
+    def _ss_intrinsic(n, a_steps, b_steps, fmt, b_trans, wait=True):
+        """A B^T over len(a_steps) k16 steps, both operands by descriptor (step 0's; step s
+        adds a_steps[s] to A's, b_steps[s] to B's: 16-byte units of the address field), B
+        transposed (MN-major) if b_trans, chained in a fresh accumulator (scale-d false on the
+        first), one wait."""
         regs = n // 2
         t = _PTX_TYPE[fmt]
         lines = ["{", ".reg .pred p;", ".reg .b64 ad, bd;",
                  f"setp.ne.b32 p, ${regs + 2}, 0;", "wgmma.fence.sync.aligned;"]
         acc = "{" + ", ".join(f"${i}" for i in range(regs)) + "}"
-        for s in range(steps):
-            lines += [f"add.s64 ad, ${regs}, {16 * s};",
-                      f"add.s64 bd, ${regs + 1}, {b_step * s};",
+        for s, (a_step, b_step) in enumerate(zip(a_steps, b_steps)):
+            lines += [f"add.s64 ad, ${regs}, {a_step};",
+                      f"add.s64 bd, ${regs + 1}, {b_step};",
                       f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {acc}, ad, bd, "
                       f"{'p' if s == 0 else '1'}, 1, 1, 0, {int(b_trans)};"]
         lines += ["wgmma.commit_group.sync.aligned;"]
@@ -534,46 +561,68 @@ else:
         # operands: the two descriptors, then the scale-d predicate's 0 (a fresh accumulator)
         return tuple_asm("\n".join(lines), regs, types.uint64, constants=(0,))
 
-    def _rs_intrinsic(n, steps, fmt, b_step, b_trans, wait=True):
-        """acc += A B^T over `steps` k16 steps, A from registers (a local uint32 array, 4 words
-        a step), B by descriptor (step 0's; step s adds b_step s), transposed (MN-major) if
-        b_trans, accumulated in the tensor core into acc (a local float32 array of n / 2,
-        read and written back), one wait."""
+    def _rs_intrinsic(n, b_steps, fmt, b_trans, wait=True):
+        """acc += A B^T over len(b_steps) k16 steps, A from registers (a local uint32 array, 4
+        words a step), B by descriptor (step 0's; step s adds b_steps[s]), transposed
+        (MN-major) if b_trans, accumulated in the tensor core into acc (a local float32 array
+        of n / 2, read and written back), one wait."""
         regs = n // 2
-        n_a = 4 * steps
+        n_a = 4 * len(b_steps)
         t = _PTX_TYPE[fmt]
         lines = ["{", ".reg .b64 bd;", "wgmma.fence.sync.aligned;"]
         acc = "{" + ", ".join(f"${i}" for i in range(regs)) + "}"
-        for s in range(steps):
+        for s, b_step in enumerate(b_steps):
             a = "{" + ", ".join(f"${regs + 4 * s + i}" for i in range(4)) + "}"
-            lines += [f"add.s64 bd, ${regs + n_a}, {b_step * s};",
+            lines += [f"add.s64 bd, ${regs + n_a}, {b_step};",
                       f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{t}.{t} {acc}, {a}, bd, "
                       f"1, 1, 1, {int(b_trans)};"]
         lines += ["wgmma.commit_group.sync.aligned;"]
         lines += ["wgmma.wait_group.sync.aligned 0;", "}"] if wait else ["}"]
         return array_asm("\n".join(lines), regs, n_a, types.uint64)
 
-    def _products16(n, KA, KB, fmt, b_rows):
+    def _products16(n, KA, KB, fmt, b_rows, swizzle):
         """products16 on a GPU: the wgmma instructions."""
         trans = b_rows is not None
-        # descriptor fields in 16-byte units: (LBO, SBO) of a K-major tile, K-major A (K
-        # columns) and B; a transposed B's (see the module); the B step
-        k_major = lambda K: (uint64(128 >> 4), uint64(16 * K >> 4))    # noqa: E731
-        a_ss, b_ss, b_rs = k_major(KA), k_major(KA), k_major(KB)
-        b_step = 16
-        if trans:
-            b_ss = b_rs = (uint64(16 * b_rows >> 4), uint64(128 >> 4))
-            b_step = 2 * b_rows
-        ss = _ss_intrinsic(n, KA // STEP16, fmt, b_step, trans)
-        rs = _rs_intrinsic(n, KB // STEP16, fmt, b_step, trans)
-        ss_async = _ss_intrinsic(n, KA // STEP16, fmt, b_step, trans, wait=False)
-        rs_async = _rs_intrinsic(n, KB // STEP16, fmt, b_step, trans, wait=False)
+        if swizzle:
+            # 128-byte swizzle (mode 1 in bits 62-63): K-major, SBO = 1024 bytes (8 rows of
+            # 128), LBO unused (1), a k16 step 32 bytes into a 64-column box, the next box R
+            # rows x 128 bytes further (R: the tile's rows, 64 for A, n for B); transposed
+            # (MN-major), LBO = the next 64 columns (R 128 bytes, R the tile's rows: the
+            # contraction), SBO = 1024 bytes, a k16 step 16 rows (2048 bytes)
+            mode = uint64(1) << uint64(62)
+            k_steps = lambda R, K: tuple((s // 4) * 8 * R + 2 * (s % 4)      # noqa: E731
+                                         for s in range(K // STEP16))
+            a_ss = (uint64(1), uint64(64), mode)
+            a_steps = k_steps(64, KA)
+            if trans:
+                b_ss, b_rs = ((uint64(8 * K), uint64(64), mode) for K in (KA, KB))
+                b_ss_steps, b_rs_steps = (tuple(128 * s for s in range(K // STEP16))
+                                          for K in (KA, KB))
+            else:
+                b_ss = b_rs = a_ss
+                b_ss_steps, b_rs_steps = k_steps(n, KA), k_steps(n, KB)
+        else:
+            # descriptor fields in 16-byte units: (LBO, SBO) of a K-major tile, K-major A (K
+            # columns) and B; a transposed B's (see the module); the steps
+            k_major = lambda K: (uint64(128 >> 4), uint64(16 * K >> 4), uint64(0))  # noqa: E731
+            a_ss, b_ss, b_rs = k_major(KA), k_major(KA), k_major(KB)
+            b_step = 16
+            if trans:
+                b_ss = b_rs = (uint64(16 * b_rows >> 4), uint64(128 >> 4), uint64(0))
+                b_step = 2 * b_rows
+            a_steps = tuple(16 * s for s in range(KA // STEP16))
+            b_ss_steps = tuple(b_step * s for s in range(KA // STEP16))
+            b_rs_steps = tuple(b_step * s for s in range(KB // STEP16))
+        ss = _ss_intrinsic(n, a_steps, b_ss_steps, fmt, trans)
+        rs = _rs_intrinsic(n, b_rs_steps, fmt, trans)
+        ss_async = _ss_intrinsic(n, a_steps, b_ss_steps, fmt, trans, wait=False)
+        rs_async = _rs_intrinsic(n, b_rs_steps, fmt, trans, wait=False)
 
         @cuda.jit(device=True)
         def descriptor(base, at, lbo_sbo):
             addr = base + uint32(2 * at)            # at: a 16-bit element offset
             return (uint64((addr & 0x3FFFF) >> 4) | (lbo_sbo[0] << uint64(16))
-                    | (lbo_sbo[1] << uint64(32)))
+                    | (lbo_sbo[1] << uint64(32)) | lbo_sbo[2])
 
         @cuda.jit(device=True)
         def mma_ss(sh, a_at, b_at):
@@ -657,14 +706,19 @@ else:
 
 
 @functools.lru_cache(maxsize=None)
-def products16(n, KA, KB, fmt, b_rows=None):
+def products16(n, KA, KB, fmt, b_rows=None, swizzle=False):
     """dict(mma_ss=..., mma_rs=..., regs=n // 2) for a 64 x n block of 16-bit products in
     format fmt: mma_ss with A 64 x KA and B n x KA tiles, mma_rs with a register A 64 x KB and
     B an n x KB tile; b_rows=W: B read transposed from a W-column tile whose rows are the
-    contraction (see the module); ValueError for shapes wgmma lacks."""
+    contraction (see the module); swizzle: every tile in TMA's 128-byte swizzled layout, 1024-
+    byte aligned (the module; contractions and a transposed n multiples of 64); ValueError for
+    shapes wgmma lacks."""
     _check(fmt, n, KA)
     _check(fmt, n, KB)
     if b_rows is not None and (b_rows % 8 or b_rows < n):
         raise ValueError(f"a transposed B needs a tile of at least n={n} columns, a multiple "
                          f"of 8, got b_rows={b_rows}")
-    return _products16(n, KA, KB, fmt, b_rows)
+    if swizzle and (KA % 64 or KB % 64 or (b_rows is not None and n % 64)):
+        raise ValueError(f"swizzled tiles are 64-column boxes: the contractions (KA={KA}, "
+                         f"KB={KB}) and a transposed B's n={n} must be multiples of 64")
+    return _products16(n, KA, KB, fmt, b_rows, swizzle)
