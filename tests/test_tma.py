@@ -42,6 +42,7 @@ def box_kernel(loads):
         if cuda.threadIdx.x == 0:
             tma.mbarrier_init(sh, bar, 1)
             tma.mbarrier_fence_init()
+            tma.tensormap_acquire(maps, 0)
         cuda.syncthreads()
         for phase in range(2):      # the same boxes twice: parity 0, then 1
             if cuda.threadIdx.x == 0:
@@ -105,12 +106,15 @@ def test_tma_ready_takes_16_byte_aligned_rows_and_strides():
     assert tma.tma_ready(a[:, ::2, :])                        # every other row: 256 bytes
 
 
-def test_tensor_maps_are_cached_by_pointer_shape_and_strides():
+def test_tensor_maps_are_cached_by_pointer_shape_strides_and_stream():
     a, b = (cuda.to_device(np.zeros((1, 64, 64), np.uint16)) for _ in range(2))
     first = tma.tensor_maps([a, b])
     assert tma.tensor_maps([a, b]) is first
     assert tma.tensor_maps([b, a]) is not first
     assert first.shape == (2, tma.MAP_BYTES)
+    stream = cuda.stream()
+    on_stream = tma.tensor_maps([a, b], stream)       # its own copy, ordered on that stream
+    assert on_stream is not first and tma.tensor_maps([a, b], stream) is on_stream
 
 
 def _forward(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0):
@@ -125,13 +129,15 @@ def _forward(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0):
     assert out.tobytes() == same[0].tobytes() and lse.tobytes() == same[1].tobytes()
 
 
-# causal 130 x 200 at d = 64: the second query block's upper warpgroup (rows 192..255) lies
-# past Nq and only waits, three K/V blocks after its first (the stage-only tail: on the
-# simulator it ran ahead of the computing warpgroup until exchanges were warpgroup barriers);
-# GQA with Nq != Nk at d = 96 (D = 128, three warpgroups, columns past d zero)
+# causal 130 x 270 at d = 64: five K/V blocks, so stages are refilled (the fifth block into
+# the first stage, its mbarrier's second phase: parity 1) while wgmma may read the stages
+# beside them (the simulator's in-flight check); the second query block's upper warpgroup
+# (rows 192..255) lies past Nq and only waits (the stage-only tail: on the simulator it ran
+# ahead of the computing warpgroup until exchanges were warpgroup barriers). GQA with
+# Nq != Nk at d = 96 (D = 128, three warpgroups, columns past d zero), five K/V blocks too
 @pytest.mark.parametrize("fmt,shape_q,shape_k,causal", [
-    ("bfloat16", (1, 1, 130, 64), (1, 1, 200, 64), True),
-    ("float16", (1, 4, 33, 96), (1, 2, 80, 96), False)])
+    ("bfloat16", (1, 1, 130, 64), (1, 1, 270, 64), True),
+    ("float16", (1, 2, 33, 96), (1, 1, 270, 96), False)])
 def test_wgmma16_tma_forward_within_the_half_tolerance(fmt, shape_q, shape_k, causal):
     _forward(fmt, shape_q, shape_k, causal)
 

@@ -65,7 +65,7 @@ from .softmax import FLT_MAX, LAZY_LOG2, LOG2E, make_finish_rows, make_online_so
 from .stage16 import make_plan, make_stage16, make_stage_pair, make_store_rows
 from .tma import (BOX, BOX_BYTES, MBARRIER_BYTES, SWIZZLE_ALIGN, mbarrier_expect_tx,
                   mbarrier_fence_init, mbarrier_init, mbarrier_wait, swizzle_base, tensor_maps,
-                  tma_load, tma_ready)
+                  tensormap_acquire, tma_load, tma_ready)
 from ..mma16 import engine
 from .wgmma import SCRATCH, WARPGROUP, fence_proxy_async
 from .wgmma16 import make_pack_half2, make_wait, products16
@@ -296,6 +296,8 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False):
             for st in range(N_STAGES):
                 mbarrier_init(sh, U(2) * base + U(MBAR_AT + st * MBARRIER_BYTES), U(1))
             mbarrier_fence_init()
+            for i in range(3):                  # q's, k's and v's maps, as the host wrote them
+                tensormap_acquire(maps, i)
 
         n_end = nk      # the keys of every warpgroup's rows: the blocks staged
         n_wg = nk       # the keys of this warpgroup's rows: the blocks it computes

@@ -19,6 +19,11 @@ mbarriers (8 bytes of shared memory each, at byte offsets `at` of the shared arr
 
     mbarrier_init(sh, at, count)      thread 0, before a block barrier: `count` arrivals a phase
     mbarrier_fence_init()             after the inits, so that the copy engine sees them
+    tensormap_acquire(maps, i)        before a block's first copy by map i: the map was written
+                                      by a host copy, which the copy engine's view of global
+                                      memory (the tensormap proxy) is to see (.sys scope, as
+                                      the CUDA programming guide asks for maps a cudaMemcpy
+                                      wrote)
     mbarrier_expect_tx(sh, at, n)     one arrival, and n more bytes for the phase to wait for
     tma_load(sh, at, maps, i, src, c0, c1, c2, bar)
                                       the box at (c0, c1, c2) of the array of map i of `maps`
@@ -101,14 +106,26 @@ def _encode(a):
     return np.array([int(w) for w in tmap.opaque], np.uint64)
 
 
+def _stream_key(stream):
+    """The CUstream handle of a Numba stream (0 for the default stream; the simulator's
+    streams have none: the object's id)."""
+    if not stream:
+        return 0
+    handle = getattr(stream, "handle", None)
+    return id(stream) if handle is None else int(handle or 0)
+
+
 def tensor_maps(arrays, stream=0):
     """A device array (len(arrays), MAP_BYTES) uint8: row i the tensor map of arrays[i], a
     (B*H, N, d) 16-bit array passing tma_ready, boxes BOX x BOX with the 128-byte swizzle.
     The last _MAPS_CACHED sets are kept, keyed by pointers, shapes and strides (a map is a
-    function of them), so repeated calls on the same arrays copy nothing. A new set is encoded
-    on the host and copied on `stream`. On the simulator the rows are zeros (its tma_load
-    reads the array it is given)."""
-    key = tuple((_pointer(a), tuple(a.shape), tuple(a.strides)) for a in arrays)
+    function of them) and the stream, so repeated calls on the same arrays copy nothing. A
+    new set is encoded on the host and copied on `stream`, ahead of the kernels that stream
+    runs next (a copy from pageable memory may still be landing when to_device returns: a
+    kernel on another stream gets a copy of its own, not this one). On the simulator the rows
+    are zeros (its tma_load reads the array it is given)."""
+    key = (_stream_key(stream),) + tuple((_pointer(a), tuple(a.shape), tuple(a.strides))
+                                          for a in arrays)
     with _maps_lock:
         maps = _maps.get(key)
         if maps is not None:
@@ -176,6 +193,10 @@ if SIMULATOR:
 
     @device_function
     def mbarrier_fence_init():
+        pass
+
+    @device_function
+    def tensormap_acquire(maps, index):
         pass
 
     @device_function
@@ -268,6 +289,12 @@ else:
         return _codegen("fence.mbarrier_init.release.cluster;", "", types.void, ())
 
     @intrinsic
+    def _tensormap_fence(typingctx, address):
+        if address == types.uint64:
+            return _codegen(f"fence.proxy.tensormap::generic.acquire.sys [$0], {MAP_BYTES};",
+                            "l", types.void, (types.uint64,))
+
+    @intrinsic
     def _data_address(typingctx, arr):
         """The generic address (u64) of an array's first element."""
         if not isinstance(arr, types.Array):
@@ -298,6 +325,10 @@ else:
         address = uint32(shared_address(sh) + uint32(at))
         while _try_wait(address, uint32(parity)) == U(0):
             pass
+
+    @cuda.jit(device=True, forceinline=True)
+    def tensormap_acquire(maps, index):
+        _tensormap_fence(_data_address(maps) + uint64(MAP_BYTES) * uint64(index))
 
     @cuda.jit(device=True, forceinline=True)
     def tma_load(sh, at, maps, index, src, c0, c1, c2, bar):
