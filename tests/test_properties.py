@@ -14,10 +14,9 @@ from numba_flash.testing import campaign
 # which were ~350 s of CI's ~20 minutes (2026-12-04): "mma16" is forward16 and backward16 on
 # mma16.products16, which on the simulator is wgmma16's model (its own backward path, dQ by
 # scalar atomics, is in "backward agrees"); "wgmma16-tf32bwd" is wgmma16's forward and the
-# "wgmma" backward, whose properties run on half inputs too; "wgmma16-tma" is wgmma16's
-# backward and its forward's code on tiles staged by TMA, which test_tma checks gives
-# wgmma16's bits. On a GPU every pair gets every property.
-SIMULATED_TWICE = ("mma16", "wgmma16-tf32bwd", "wgmma16-tma")
+# "wgmma" backward, whose properties run on half inputs too. On a GPU every pair gets every
+# property.
+SIMULATED_TWICE = ("mma16", "wgmma16-tf32bwd")
 WIRING = ("forward agrees", "backward agrees")
 
 
@@ -38,15 +37,13 @@ def test_the_pairs_left_to_wiring_checks_are_simulated_by_others():
     assert mma16.products16 is wgmma16.products16
     assert mma16.make_wait is wgmma16.make_wait
     tf32bwd, wgmma, half = (registry.PAIRS[n] for n in ("wgmma16-tf32bwd", "wgmma", "wgmma16"))
-    assert tf32bwd.make_forward is half.make_forward is forward16.make_forward_kernel
+    assert tf32bwd.make_forward is half.make_forward
+    assert half.make_forward.func is forward16.make_forward_kernel
+    assert half.make_forward.keywords == {"tma": True}
     assert tf32bwd.run_backward is backward16.run_widened
     m = registry.PAIRS["mma16"]
     assert m.make_forward.func is forward16.make_forward_kernel
     assert m.run_backward.func is backward16.run_backward
-    t = registry.PAIRS["wgmma16-tma"]
-    assert t.make_forward.func is forward16.make_forward_kernel and t.make_forward.keywords == {
-        "tma": True}
-    assert t.run_backward is half.run_backward is backward16.run_backward
     assert wgmma.half_inputs                # wgmma's own properties draw half inputs too
     kept = {(p, k) for p, k in _pairs() if k in SIMULATED_TWICE}
     assert kept == {(p, k) for p in WIRING for k in SIMULATED_TWICE}

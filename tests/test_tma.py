@@ -1,14 +1,15 @@
 """kernels/sm90/tma.py: the 128-byte swizzle's layout, boxes with their zero fill, mbarrier
 phases (and a wait that would hang a GPU), which arrays TMA takes, the tensor-map cache, and
-the "wgmma16-tma" forward against float64 truth (simulator; GPU under the gpu marker)."""
+the wgmma16 forward on TMA against float64 truth and against its cp.async staging, bit for
+bit (simulator; GPU under the gpu marker)."""
 
 import ml_dtypes
 import numpy as np
 import pytest
 from numba import cuda, uint16
 
-from numba_flash import flash_attention_forward
-from numba_flash.kernels.sm90 import tma
+from numba_flash import flash_attention_forward, registry
+from numba_flash.kernels.sm90 import forward16, tma
 from numba_flash.kernels.support import ALIGN, SIMULATOR
 from numba_flash.testing.tolerance import assert_within_tolerance, check_forward
 
@@ -122,11 +123,23 @@ def _forward(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0):
     dt = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[fmt]
     q = (rng.standard_normal(shape_q) * scale_logits).astype(dt)
     k, v = (rng.standard_normal(shape_k).astype(dt) for _ in range(2))
-    out, lse = flash_attention_forward(q, k, v, causal=causal, kernel="wgmma16-tma")
+    out, lse = flash_attention_forward(q, k, v, causal=causal, kernel="wgmma16")
     assert_within_tolerance(check_forward(q, k, v, out, lse, causal=causal))
-    same = flash_attention_forward(q, k, v, causal=causal, kernel="wgmma16")
-    # the same products on the same tiles in another layout: the same bits
+    # the same products on the same tiles staged by cp.async (another layout): the same bits
+    same = cp_async_forward(q, k, v, causal)
     assert out.tobytes() == same[0].tobytes() and lse.tobytes() == same[1].tobytes()
+
+
+def cp_async_forward(q, k, v, causal):
+    """(out, lse) of wgmma16's forward staged by cp.async (tma=False), through a variant
+    registered for the call only (other tests count the registered pairs)."""
+    name = "wgmma16 cp.async (test)"
+    registry.register(registry.variant(name, "wgmma16",
+                                       make_forward=forward16.make_forward_kernel))
+    try:
+        return flash_attention_forward(q, k, v, causal=causal, kernel=name)
+    finally:
+        registry.PAIRS.pop(name)
 
 
 # causal 130 x 270 at d = 64: five K/V blocks, so stages are refilled (the fifth block into
@@ -139,6 +152,7 @@ def _forward(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0):
     ("bfloat16", (1, 1, 130, 64), (1, 1, 270, 64), True),
     ("float16", (1, 2, 33, 96), (1, 1, 270, 96), False)])
 def test_wgmma16_tma_forward_within_the_half_tolerance(fmt, shape_q, shape_k, causal):
+    assert registry.PAIRS["wgmma16"].make_forward.keywords == {"tma": True}
     _forward(fmt, shape_q, shape_k, causal)
 
 

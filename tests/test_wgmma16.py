@@ -126,7 +126,7 @@ def product_kernel(n, K, fmt, transposed=False, products16=wgmma16.products16,
 def test_products16_on_integers_are_exact(fmt, n, K, transposed, swizzle):
     # integers |x| <= 8: every product and sum exact in float32, so the tensor core, whatever
     # its order of additions, and the model give A B^T exactly; a wrong layout, descriptor or
-    # fragment gives other numbers. swizzle: TMA's layout (the wgmma16-tma forward's tiles)
+    # fragment gives other numbers. swizzle: TMA's layout (the wgmma16 forward's tiles)
     rng = np.random.default_rng(n + K)
     A, A2 = (rng.integers(-8, 9, (64, K)).astype(np.float32) for _ in range(2))
     B = rng.integers(-8, 9, (n, K)).astype(np.float32)
@@ -369,7 +369,7 @@ def test_wgmma16_dq_in_flight_across_q_blocks_and_heads():
 @pytest.mark.parametrize("d", [72, pytest.param(40, marks=pytest.mark.gpu),
                                pytest.param(128, marks=pytest.mark.gpu)])
 def test_wgmma16_asynchronous_and_synchronous_staging_agree_bitwise(d):
-    # the same products on the same tiles: staged by TMA (the wgmma16-tma forward: swizzled
+    # the same products on the same tiles: staged by TMA (the wgmma16 forward: swizzled
     # tiles), by cp.async (aligned arrays) or element by element (any view) must give the same
     # bits, forward (out, lse) and backward (dq, dk, dv; cp.async or not). d = 72 on the
     # simulator: three warpgroups, whose threads do not divide a tile's chunks (stage16's last

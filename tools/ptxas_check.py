@@ -24,9 +24,10 @@ launchers the pairs call (so a variant this file does not name is not compiled):
       each also as its half-input variant (label "... half": the products of the half
       inputs' zero small parts not issued);
     sm90 forward16 and backward16 (the "wgmma16" pair: its forward, its dK/dV kernel): d = 64
-      and 128, bfloat16 and float16, causal both; "... tma": the forward staged by TMA (the
-      "wgmma16-tma" pair); "mma16 ...": the same kernels on mma.sync (the "mma16" pair),
-      compiled for sm_80;
+      and 128, bfloat16 and float16, causal both; "... tma": the forward staged by TMA (what
+      the pair runs where the arrays allow it), "vector" by cp.async, "scalar" element by
+      element; "mma16 ...": the same kernels on mma.sync (the "mma16" pair), compiled for
+      sm_80;
     fa2 (float32, default tiles, d = 64 and 128, not causal):
       forward, the backward's dK/dV kernel with dq_atomic=True (as run_backward configures it),
       and the deterministic path's dK/dV and dQ kernels.

@@ -11,8 +11,8 @@ for, each thread's worked out once by a stage16.Plan; where q, k, v are not 16-b
 staged synchronously instead). One barrier a block: this block's copies are waited for and
 fenced for wgmma before it, the next block's started after it.
 
-With tma=True (the "wgmma16-tma" pair, where q, k, v pass tma.tma_ready) the copy engine
-stages instead: thread 0 starts Q (one box of 64 x 64 a warpgroup and 64 columns) with the
+With tma=True (the "wgmma16" pairs' forward, where q, k, v pass tma.tma_ready; cp.async
+elsewhere, and in the mma16 pair) the copy engine stages instead: thread 0 starts Q (one box of 64 x 64 a warpgroup and 64 columns) with the
 first K/V block, and each K/V block (two or four boxes) two blocks ahead, into TMA_STAGES = 4
 stages with the 128-byte swizzle that the products read (wgmma16, swizzle=True); each stage's
 mbarrier counts its bytes in. Still one barrier a block: past it every warp is done with the
@@ -425,8 +425,8 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype, products="wgm
                         tma=False):
     """(launch, threads) for the registry: the kernel for head_dim's padded D and the format
     of dtype (check() first), its products on `products` ("wgmma": the wgmma16 pair; "mma":
-    the mma16 pair); tma: Q, K, V staged by TMA where the arrays allow it (the wgmma16-tma
-    pair)."""
+    the mma16 pair); tma: Q, K, V staged by TMA where the arrays allow it (the wgmma16
+    pairs)."""
     check(block_m, block_n, head_dim, dtype)
     return _launcher(padded(head_dim), bool(causal), half_format(dtype), products, tma), \
         threads(padded(head_dim))
