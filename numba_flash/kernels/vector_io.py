@@ -38,19 +38,23 @@ VECTOR = 4
 ALIGN_BYTES = 16
 
 
+def data_pointer(a):
+    """The device (or host) address of array a's first element: a DeviceView's pointer, the
+    __cuda_array_interface__'s, or a NumPy array's."""
+    if type(a) is DeviceView:       # (its interface is a dict made per read)
+        return a.ptr
+    if hasattr(a, "__cuda_array_interface__"):
+        return a.__cuda_array_interface__["data"][0]
+    return a.ctypes.data
+
+
 def aligned(*arrays):
     """True when every array allows 16-byte accesses along its rows: data pointer and row
     stride multiples of 16 bytes (CUDA allocations are; a view into one may not be), and each
     row contiguous and a whole number of 16 bytes long (so a 16-byte access at a multiple of
     16 bytes never reaches past the row's last element: a view d < its parent's width fails)."""
     for a in arrays:
-        if type(a) is DeviceView:       # (its interface is a dict made per read)
-            ptr = a.ptr
-        elif hasattr(a, "__cuda_array_interface__"):
-            ptr = a.__cuda_array_interface__["data"][0]
-        else:
-            ptr = a.ctypes.data
-        if ptr % ALIGN_BYTES:
+        if data_pointer(a) % ALIGN_BYTES:
             return False
         last = a.ndim - 1       # (the simulator's shapes take no negative index)
         item = a.dtype.itemsize  # (Numba's DeviceNDArray has no .itemsize of its own)

@@ -12,14 +12,15 @@ staged synchronously instead). One barrier a block: this block's copies are wait
 fenced for wgmma before it, the next block's started after it.
 
 With tma=True (the "wgmma16" pairs' forward, where q, k, v pass tma.tma_ready; cp.async
-elsewhere, and in the mma16 pair) the copy engine stages instead: thread 0 starts Q (one box of 64 x 64 a warpgroup and 64 columns) with the
-first K/V block, and each K/V block (two or four boxes) two blocks ahead, into TMA_STAGES = 4
-stages with the 128-byte swizzle that the products read (wgmma16, swizzle=True); each stage's
-mbarrier counts its bytes in. Still one barrier a block: past it every warp is done with the
-stage two blocks back, which thread 0 refills; then every thread waits for this block's
-mbarrier phase. No thread issues a copy instruction but thread 0, and nothing waits for a
-copy but the block that needs it (the cp.async kernel's fence waits for every copy in
-flight, so it could not prefetch deeper). Under causal masking the
+elsewhere, and in the mma16 pair) the copy engine stages instead: thread 0 starts Q (one box
+of 64 x 64 a warpgroup and 64 columns) with the first K/V block, and each K/V block (two or
+four boxes) two blocks ahead, into TMA_STAGES = 4 stages with the 128-byte swizzle that the
+products read (wgmma16, swizzle=True); each stage's mbarrier counts its bytes in. Still one
+barrier a block: past it every warp is done with the stage two blocks back, which thread 0
+refills; then every thread waits for this block's mbarrier phase. No thread issues a copy
+instruction but thread 0, and nothing waits for a copy but the block that needs it (the
+cp.async kernel's fence waits for every copy in flight, so it could not prefetch deeper).
+Under causal masking the
 query blocks run heaviest first (the last rows see the most keys), and a warpgroup computes
 only the K/V blocks its own rows see, staging the rest for the warpgroups below it; one whose
 rows all lie past Nq (in the last query block, where block_m does not divide Nq) only stages.

@@ -46,6 +46,7 @@ import numpy as np
 from numba import cuda, int32, types, uint32, uint64
 
 from ..support import SIMULATOR, U, device_function
+from ..vector_io import aligned, data_pointer
 
 BOX = 64                    # rows and columns of a box (16-bit elements)
 BOX_ELEMENTS = BOX * BOX
@@ -66,9 +67,8 @@ def swizzle128_offset_host(r, c, R):
 def tma_ready(*arrays):
     """Whether TMA can address each (B*H, N, d) 16-bit array: data pointer and every stride
     but the last (which must be 2 bytes) multiples of 16 bytes."""
-    from .. import vector_io
     for a in arrays:
-        if not vector_io.aligned(a) or any(s % 16 or s <= 0 for s in a.strides[:-1]):
+        if not aligned(a) or any(s % 16 or s <= 0 for s in a.strides[:-1]):
             return False
     return True
 
@@ -78,20 +78,12 @@ _maps = collections.OrderedDict()
 _maps_lock = threading.Lock()
 
 
-def _pointer(a):
-    if hasattr(a, "ptr"):
-        return int(a.ptr)
-    if hasattr(a, "__cuda_array_interface__"):
-        return int(a.__cuda_array_interface__["data"][0])
-    return int(a.ctypes.data)
-
-
 def _encode(a):
     """The 16 uint64 words of a tensor map of the (B*H, N, d) 16-bit array a (GPU only)."""
     from cuda.bindings import driver
     heads, n, d = (int(x) for x in a.shape)
     err, tmap = driver.cuTensorMapEncodeTiled(
-        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, _pointer(a),
+        driver.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_UINT16, 3, int(data_pointer(a)),
         [driver.cuuint64_t(x) for x in (d, n, heads)],
         [driver.cuuint64_t(int(s)) for s in (a.strides[1], a.strides[0])],
         [driver.cuuint32_t(x) for x in (BOX, BOX, 1)],
@@ -124,7 +116,7 @@ def tensor_maps(arrays, stream=0):
     runs next (a copy from pageable memory may still be landing when to_device returns: a
     kernel on another stream gets a copy of its own, not this one). On the simulator the rows
     are zeros (its tma_load reads the array it is given)."""
-    key = (_stream_key(stream),) + tuple((_pointer(a), tuple(a.shape), tuple(a.strides))
+    key = (_stream_key(stream),) + tuple((data_pointer(a), tuple(a.shape), tuple(a.strides))
                                           for a in arrays)
     with _maps_lock:
         maps = _maps.get(key)

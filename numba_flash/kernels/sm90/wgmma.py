@@ -103,8 +103,8 @@ CHAIN = 4
 # The simulator's exchanges between a warpgroup's threads (it has no warp-wide instructions):
 # each thread writes its part into shared memory at `scratch`, one barrier of the warpgroup
 # (support.warpgroup_barrier: what the warpgroup's instruction orders on a GPU, and no more),
-# each reads what it needs. Two buffers of each kind, taken in turn by every thread, make a second barrier (before
-# the next write) unnecessary: a thread rewrites a buffer two exchanges later, past the barrier
+# each reads what it needs. Two buffers of each kind, taken in turn by every thread, make a
+# second barrier (before the next write) unnecessary: a thread rewrites a buffer two exchanges later, past the barrier
 # of the exchange between, which no thread passes before every thread has done its reads of
 # this one. A barrier costs ~6 ms of 128 simulated threads (17 ms of 256); with one exchange per
 # pair of products or chain, a simulated wgmma forward + backward at d = 32 took 77 barriers
@@ -116,8 +116,8 @@ SCRATCH = 2 * GATHER + 2 * QUAD  # floats of shared memory a warpgroup's exchang
 
 # Row reductions over a quad (lanes 4g..4g+3 hold the same two rows of a C fragment) and a
 # warp's vote (warp_any): warp shuffles and vote.any on a GPU; the simulator has none, so there
-# the quad's values go through shared memory (every thread of the warpgroup must call it). The order of the additions is the same both
-# ways: (x0 + x1) + (x2 + x3), in any thread.
+# the quad's values go through shared memory (every thread of the warpgroup must call it). The
+# order of the additions is the same both ways: (x0 + x1) + (x2 + x3), in any thread.
 if SIMULATOR:
     _turns = threading.local()
 
