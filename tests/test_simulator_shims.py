@@ -1,6 +1,8 @@
-"""The simulator shims of kernels/support.py: static shared arrays are one per (file, line) for
-all of a block's threads, however the threads interleave; block barriers are event-driven and
-keep CUDA's meaning (live threads only, an exception raised and the rest aborted)."""
+"""The simulator as kernels/simulator.py runs it: static shared arrays are one per (file, line)
+for all of a block's threads, however the threads interleave; block barriers keep CUDA's
+meaning (live threads only, an exception raised and the rest aborted); pool threads start each
+block with fresh state; device functions see the launch's fake `cuda`, and their modules get
+the real one back when the launch ends."""
 
 import sys
 import threading
@@ -65,7 +67,7 @@ def test_static_shared_array_is_one_per_line_for_every_thread(monkeypatch):
         assert len(arrays_seen(kernelapi.FakeCUDAShared(0), threads=16)) == 1
 
 
-# The event-driven block barrier (support.wake_simulator_barriers_by_condition)
+# The pooled threads and their barriers (simulator.run_blocks_on_a_thread_pool)
 
 def _within(seconds, work):
     """work() in a thread; fails the test if it has not returned in time (a barrier that never
@@ -89,7 +91,7 @@ def _within(seconds, work):
 @pytest.mark.skipif(not SIMULATOR, reason="a shim of the simulator")
 def test_barriers_order_shared_memory_round_after_round():
     from numba.cuda.simulator import kernel as simkernel
-    assert simkernel.BlockManager.run._event_driven
+    assert simkernel.BlockManager.run._pooled
     n, rounds = 64, 6
 
     @cuda.jit
@@ -142,3 +144,48 @@ def test_threads_that_exit_early_do_not_hold_a_barrier_and_errors_are_raised():
     out = np.zeros(32, np.int64)                  # the next launch runs as usual
     _within(60, lambda: half_exit[1, 32](out))
     assert (out[:16] == right).all()
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a shim of the simulator")
+def test_pool_threads_serve_every_block_with_fresh_state_and_real_indices():
+    from numba_flash.kernels import simulator
+
+    @cuda.jit
+    def mark(out, idx):
+        state = simulator.thread_state()
+        t = cuda.threadIdx.x + cuda.blockDim.x * cuda.threadIdx.y
+        out[cuda.blockIdx.x, t] = state.get("seen", 0)       # 0: nothing left by a block
+        state["seen"] = 1
+        idx[cuda.blockIdx.x, t, 0] = cuda.threadIdx.x
+        idx[cuda.blockIdx.x, t, 1] = cuda.threadIdx.y
+        idx[cuda.blockIdx.x, t, 2] = threading.get_ident()
+
+    out, idx = np.full((5, 12), -1, np.int64), np.zeros((5, 12, 3), np.int64)
+    _within(60, lambda: mark[5, (4, 3)](out, idx))
+    assert (out == 0).all()
+    assert (idx[:, :, 0] == np.arange(12) % 4).all() and (idx[:, :, 1] == np.arange(12) // 4).all()
+    # the same 12 Python threads ran every block: none was made for a block
+    assert len(set(idx[:, :, 2].ravel())) == 12
+    first = set(idx[:, :, 2].ravel())
+    _within(60, lambda: mark[2, (4, 3)](out, idx))
+    assert set(idx[:2, :, 2].ravel()) == first and (out[:2] == 0).all()
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a shim of the simulator")
+def test_device_functions_see_the_launch_module_and_get_the_real_one_back():
+    from numba.cuda.simulator import kernel as simkernel
+
+    @cuda.jit(device=True)
+    def lane_plus(x):
+        return cuda.threadIdx.x % 32 + x      # the fake module's thread index
+
+    @cuda.jit
+    def kernel(out):
+        out[cuda.threadIdx.x] = lane_plus(100)
+
+    out = np.zeros(40, np.int64)
+    _within(60, lambda: kernel[1, 40](out))
+    assert (out == np.arange(40) % 32 + 100).all()
+    assert globals()["cuda"] is cuda and simkernel._kernel_context is None
+    # a swap per call (numba-cuda's own path) is gone for modules known at launch
+    assert simkernel.FakeCUDAKernel.__call__._pinned

@@ -11,7 +11,7 @@ from numba import cuda, float32, uint16, uint32
 
 from numba_flash import flash_attention_backward, flash_attention_forward
 from numba_flash.kernels.sm90 import forward16, tma, wgmma, wgmma16
-from numba_flash.kernels.support import ALIGN, SIMULATOR, join_simulator_threads
+from numba_flash.kernels.support import ALIGN, SIMULATOR
 from numba_flash.testing.tolerance import (assert_within_tolerance, check_backward,
                                            check_forward)
 
@@ -208,12 +208,11 @@ def test_simulated_products_in_flight_catch_what_a_gpu_would_get_wrong(misuse, m
     kernel[1, 128, 0, nbytes](A, B, D, E)                      # used rightly: no error
     assert np.isfinite(D).all() and (E != 0).any()
     kernel, nbytes = in_flight_kernel(misuse)
-    try:
-        with pytest.raises(wgmma16.InFlightHazard, match=message):
-            kernel[1, 128, 0, nbytes](A, B, D, E)
-    finally:
-        join_simulator_threads()       # the other threads run on: none beside the next test
-    assert wgmma16.cuda is cuda        # (their device calls swap it for the kernel's fake one)
+    with pytest.raises(wgmma16.InFlightHazard, match=message):
+        kernel[1, 128, 0, nbytes](A, B, D, E)
+    # the launch raised only when all its threads had ended: none runs on beside the next test
+    # (their device calls would find the module's cuda swapped for the kernel's fake one)
+    assert wgmma16.cuda is cuda
 
 
 @pytest.mark.parametrize("threads", [128, pytest.param(256, marks=pytest.mark.gpu)])

@@ -18,6 +18,9 @@ from .cache import cached_jit  # noqa: F401  (the kernels' jit: cuda.jit with th
 from .launch import SIMULATOR, Launcher  # noqa: F401
 # 48 KiB: static shared memory per block (Numba's shared arrays); more is dynamic, opted in
 from .launch import SHARED_MEMORY_BYTES  # noqa: F401
+# the simulator as numba_flash runs it (patched at import); warpgroup_barrier: a warpgroup's
+# barrier there, thread_state: a simulated thread's own state
+from .simulator import WARPGROUP_THREADS, thread_state, warpgroup_barrier  # noqa: F401
 
 
 SUPPORTED_DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -189,176 +192,6 @@ def kernel_jit(threads=None):
 ALIGN = None if SIMULATOR else 16      # of the dynamic shared array; the simulator rejects one
 
 
-def lock_simulator_shared_arrays():
-    """Make the simulator's static shared arrays thread-safe (idempotent; nothing on a GPU).
-    numba-cuda's FakeCUDAShared.array looks a static array up by the caller's (file, line) and
-    creates it when missing, unlocked: two of a block's threads (Python threads) can both miss
-    and each get an array of its own, so the block no longer shares its tile and the kernel
-    computes garbage. Seen on a loaded 2-core machine (2026-12-02: the rowwise forward once
-    returned lse of 1.6e7, passing when re-run alone; the tiled kernels failed three tests
-    under a shorter switch interval, 2026-11-30). A lock around the lookup makes it a
-    lookup again."""
-    if not SIMULATOR:
-        return
-    import threading
-    from numba.cuda.simulator import kernelapi
-    shared = kernelapi.FakeCUDAShared
-    if getattr(shared.array, "_locked", False):
-        return
-    unlocked, lock = shared.array, threading.Lock()
-
-    def array(self, shape, dtype, alignment=None):
-        if shape == 0 or alignment is not None:    # dynamic memory (one buffer), or its error
-            return unlocked(self, shape, dtype, alignment)
-        if isinstance(dtype, numba.types.Type):
-            dtype = numba.np.numpy_support.as_dtype(dtype)
-        frame = sys._getframe(1)                   # the kernel's line, as the simulator keys it
-        caller = (frame.f_code.co_filename, frame.f_lineno)
-        with lock:
-            found = self._allocations.get(caller)
-            if found is None:
-                found = self._allocations[caller] = np.empty(shape, dtype)
-        return found
-    array._locked = True
-    shared.array = array
-
-
-lock_simulator_shared_arrays()
-
-
-def wake_simulator_barriers_by_condition():
-    """Make the simulator's block barrier event-driven (idempotent; nothing on a GPU).
-
-    numba-cuda's BlockManager.run busy-polls: while a block runs, the launching thread loops
-    over the block's threads asking each whether it is alive or waiting in syncthreads, and it
-    holds the GIL that the block's threads (one Python thread per CUDA thread) need to make
-    progress: profiled on a 128-thread Hopper kernel, the polling took most of the wall time
-    (2026-12-03). Here a barrier is a count under one lock per block: a thread arriving at
-    syncthreads counts itself and sleeps on a lock of its own; the last to arrive (or a thread
-    that exits while all the others wait: CUDA counts only live threads, as the polling did)
-    wakes the first sleeper, and each sleeper wakes the next as it wakes. The chain matters on
-    a slow 2-core machine (2026-12-05): with a Condition's notify_all all of a block's threads
-    woke to queue for the Condition's lock (a wgmma16 test 23.7 s, a float32 backward property
-    46.6 s), waking them all at once on their own locks thrashed the GIL (59 s, three quarters
-    of it system time), the chain took 18.9 s and 41.0 s. The launching thread waits
-    until every thread has exited or one has raised; then the others are aborted (they raise
-    at their next barrier) and the first exception is raised, as before."""
-    if not SIMULATOR:
-        return
-    from numba.cuda.simulator import kernel as simkernel
-    manager, thread = simkernel.BlockManager, simkernel.BlockThread
-    if getattr(manager.run, "_event_driven", False):
-        return
-    thread_body = thread.run
-
-    def release(self):                     # a barrier opens (under its block's lock)
-        self._waiting = 0
-        sleepers, self._sleepers = self._sleepers, []
-        if sleepers:                        # the first waiter; each wakes the next
-            sleepers[0].release()
-
-    class Group:
-        """The barrier of some of a block's threads (a warpgroup): arrivals, live members,
-        sleepers, as the block's own (_waiting, _alive, _sleepers)."""
-
-        def __init__(self, alive):
-            self._waiting, self._alive, self._sleepers = 0, alive, []
-
-    def run(self, grid_point, *args):
-        self._cv, self._waiting, self._sleepers = threading.Condition(), 0, []
-        self._failed, self._abort = None, False
-
-        def target():
-            self._f(*args)
-
-        threads = [thread(target, self, grid_point, point, self._debug)
-                   for point in np.ndindex(*self._block_dim)]
-        self._alive = len(threads)          # before any starts: all take part in a barrier
-        bx, by = self._block_dim[0], self._block_dim[1]
-        self._groups = {}
-        for t in threads:                   # warpgroups: 128 consecutive linear thread ids
-            x, y, z = t.threadIdx
-            t._group = (x + bx * (y + by * z)) // WARPGROUP_THREADS
-            self._groups.setdefault(t._group, Group(0))._alive += 1
-        for t in threads:
-            t.start()
-        with self._cv:
-            while self._alive and self._failed is None:
-                self._cv.wait()
-            failed = self._failed
-            if failed is not None:
-                self._abort = True
-                release(self)               # the waiters see the abort and raise
-                for group in self._groups.values():
-                    release(group)
-        if failed is not None:
-            raise failed.exception[0].with_traceback(failed.exception[1])
-
-    def thread_run(self):
-        thread_body(self)                   # runs the kernel; an exception lands in .exception
-        m = self._manager
-        with m._cv:
-            m._alive -= 1
-            if self.exception is not None and m._failed is None:
-                m._failed = self
-            # the rest wait at a barrier this thread never met
-            for barrier in (m, m._groups[self._group]):
-                if barrier is not m:
-                    barrier._alive -= 1
-                if barrier._waiting and barrier._waiting == barrier._alive:
-                    release(barrier)
-            m._cv.notify_all()
-
-    def wait_at(self, barrier):
-        """This thread at `barrier` (its block's, or its group's) until all live members are."""
-        m = self._manager
-        lock = None
-        with m._cv:
-            if m._abort:
-                raise RuntimeError("abort flag set on syncthreads call")
-            barrier._waiting += 1
-            if barrier._waiting == barrier._alive:
-                release(barrier)
-            else:                           # sleep on a lock of this thread's own, taken
-                lock = threading.Lock()     # here and given back by release()
-                lock.acquire()
-                queue, place = barrier._sleepers, len(barrier._sleepers)
-                queue.append(lock)
-        if lock is not None:
-            lock.acquire()
-            if place + 1 < len(queue):
-                queue[place + 1].release()
-        if m._abort:
-            raise RuntimeError("abort flag set on syncthreads clear")
-
-    def syncthreads(self):
-        wait_at(self, self._manager)
-
-    def warpgroup_sync(self):
-        wait_at(self, self._manager._groups[self._group])
-
-    run._event_driven = True
-    manager._release, manager.run = release, run
-    thread.run, thread.syncthreads, thread.warpgroup_sync = thread_run, syncthreads, warpgroup_sync
-
-
-WARPGROUP_THREADS = 128     # threads of a warpgroup (sm90.wgmma.WARPGROUP)
-
-
-wake_simulator_barriers_by_condition()
-
-
-def warpgroup_barrier():
-    """The simulator's barrier of the calling thread's warpgroup (128 consecutive threads of
-    its block, or the rest of them in the last): what a warpgroup-wide instruction (wgmma, a
-    warp's shuffles and votes) orders on a GPU, which its model exchanges through shared
-    memory. Every thread of the warpgroup calls it, and only those: a warpgroup that skips a
-    product does not hold the others' exchanges up, as it does not on a GPU (a block barrier
-    there let a causal kernel's stage-only warpgroups run steps ahead of the computing ones).
-    Simulator only (there is nothing to call on a GPU)."""
-    threading.current_thread().warpgroup_sync()
-
-
 # 2^x below this is subnormal in float32: ex2.approx.ftz gives 0 there
 EXP2_FTZ_BELOW = -126.0
 
@@ -476,28 +309,8 @@ class _SwitchIntervalLaunch:
 
         def run(*args):
             with simulator_switch_interval():
-                try:
-                    launch(*args)
-                except BaseException:
-                    join_simulator_threads()
-                    raise
+                launch(*args)
         return run
-
-
-def join_simulator_threads():
-    """On the simulator, wait for the threads of a kernel that raised. numba-cuda's simulator
-    re-raises a thread's exception at once and only tells the others to abort at their next
-    barrier: a thread past its last barrier runs on to the kernel's end, inside device
-    functions whose modules' `cuda` it has swapped for the kernel's fake one (and back on
-    leaving). A kernel made meanwhile in the same module (a wgmma16 product's factory after a
-    test that expects InFlightHazard) found that module's `cuda` faked ("'FakeCUDAModule' has
-    no attribute 'jit'", 2026-12-05). Nothing on a GPU."""
-    if not SIMULATOR:
-        return
-    from numba.cuda.simulator.kernel import BlockThread
-    for t in threading.enumerate():
-        if isinstance(t, BlockThread) and t is not threading.current_thread():
-            t.join()
 
 
 def simulator_launch(kernel):

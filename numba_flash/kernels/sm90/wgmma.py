@@ -52,14 +52,13 @@ The chained products are modelled as one exact sum rounded once, not the tensor 
 """
 
 import functools
-import threading
 
 import numpy as np
 from numba import cuda, float32, types, uint32, uint64
 
 from reference.precision import step_3xtf32_exact, step_3xtf32_parts
 
-from ..support import SIMULATOR, device_function, warpgroup_barrier
+from ..support import SIMULATOR, device_function, thread_state, warpgroup_barrier
 
 STEP = 8           # contraction per wgmma for TF32 (K)
 CORE = 32          # floats per core matrix (8 rows x 4)
@@ -119,12 +118,11 @@ SCRATCH = 2 * GATHER + 2 * QUAD  # floats of shared memory a warpgroup's exchang
 # the quad's values go through shared memory (every thread of the warpgroup must call it). The
 # order of the additions is the same both ways: (x0 + x1) + (x2 + x3), in any thread.
 if SIMULATOR:
-    _turns = threading.local()
-
     def exchange_buffer(kind):
-        """0, 1, 0, 1, ...: this thread's next buffer of `kind` (a new block, new threads)."""
-        n = getattr(_turns, kind, 0)
-        setattr(_turns, kind, n + 1)
+        """0, 1, 0, 1, ...: this thread's next buffer of `kind` (from 0 in each block)."""
+        turns = thread_state()
+        n = turns.get(kind, 0)
+        turns[kind] = n + 1
         return n % 2
 
     @cuda.jit(device=True)

@@ -75,7 +75,7 @@ from numba import cuda, float32, types, uint32, uint64
 
 from reference.precision import HALF_FORMATS
 
-from ..support import SIMULATOR, device_function, warpgroup_barrier
+from ..support import SIMULATOR, device_function, thread_state, warpgroup_barrier
 from .wgmma import GATHER, WARPGROUP
 
 STEP16 = 16        # contraction per wgmma for 16-bit operands (K)
@@ -114,8 +114,6 @@ def _check(fmt, n, K):
 
 
 if SIMULATOR:
-    import threading
-
     import ml_dtypes
 
     from .tma import SWIZZLE_ALIGN, swizzle128_offset_host
@@ -294,10 +292,10 @@ if SIMULATOR:
         differ (a tile written, or not yet ready, while it was in flight) or its registers
         changed meanwhile; what ss_issue returns becomes the accumulators only at a wait that
         retires it. Each simulated thread keeps its own groups in issue order (a
-        warpgroup's are the same in each of its threads), as exchange_buffer its turns."""
+        warpgroup's are the same in each of its threads) in its thread_state, as
+        exchange_buffer its turns."""
 
         __slots__ = ("compute", "early", "acc", "acc_early", "a", "a_early", "add", "value")
-        _threads = threading.local()
 
         def __init__(self, compute, acc=None, a=None, add=None):
             self.compute, self.acc, self.a, self.add = compute, acc, a, add
@@ -309,10 +307,7 @@ if SIMULATOR:
         @classmethod
         def groups(cls):
             """This simulated thread's groups in flight, oldest first."""
-            groups = getattr(cls._threads, "groups", None)
-            if groups is None:
-                groups = cls._threads.groups = []
-            return groups
+            return thread_state().setdefault("wgmma groups", [])
 
         @classmethod
         def issue(cls, compute, acc=None, a=None, add=None):

@@ -1,0 +1,297 @@
+"""numba-cuda's CUDA simulator as numba_flash runs it (nothing here acts on a GPU).
+
+The simulator runs a kernel one block at a time, one Python thread per CUDA thread, every line
+interpreted. Each kernel's tests run there in CI, so what the simulator spends besides the
+kernel's own arithmetic is what CI waits for. Patched here, once at import:
+
+- **threads**: one pool of Python threads serves every block of every launch. numba-cuda made
+  and started a thread per CUDA thread per block (on a simulated float32 wgmma forward, a
+  sixth of the time the GIL was held, and each start a wait for the new thread);
+- **barriers**: a block's `syncthreads` and a warpgroup's barrier (`warpgroup_barrier`) are
+  counts under one lock per block, with the sleepers woken one after another; numba-cuda's
+  launching thread busy-polled every thread instead;
+- **device functions**: numba-cuda swaps a module's `cuda` for the launch's fake one around
+  every device-function call, under a lock per module (a generator context manager and two
+  lock round trips a call: a quarter of a simulated wgmma kernel's own time). Here every
+  module that holds a device function is swapped once, for the whole launch, and its calls go
+  straight to the Python function;
+- **static shared arrays** are looked up under a lock (`lock_simulator_shared_arrays`);
+- `thread_state()`: a simulated thread's own dict, empty at the start of each block (what the
+  instruction models keep per thread: wgmma's exchange turns, wgmma16's products in flight).
+
+A thread that raises ends its block: the others raise at their next barrier, the launching
+thread waits until every thread of the block has finished and raises the first exception
+(tid and ctaid in its message, as numba-cuda words it).
+"""
+
+import contextlib
+import sys
+import threading
+import weakref
+
+import numba
+import numpy as np
+
+from .launch import SIMULATOR
+
+WARPGROUP_THREADS = 128     # threads of a warpgroup (sm90.wgmma.WARPGROUP)
+
+
+def lock_simulator_shared_arrays():
+    """Make the simulator's static shared arrays thread-safe (idempotent; nothing on a GPU).
+    numba-cuda's FakeCUDAShared.array looks a static array up by the caller's (file, line) and
+    creates it when missing, unlocked: two of a block's threads (Python threads) can both miss
+    and each get an array of its own, so the block no longer shares its tile and the kernel
+    computes garbage. Seen on a loaded 2-core machine (2026-12-02: the rowwise forward once
+    returned lse of 1.6e7, passing when re-run alone; the tiled kernels failed three tests
+    under a shorter switch interval, 2026-11-30). A lock around the lookup makes it a
+    lookup again."""
+    if not SIMULATOR:
+        return
+    from numba.cuda.simulator import kernelapi
+    shared = kernelapi.FakeCUDAShared
+    if getattr(shared.array, "_locked", False):
+        return
+    unlocked, lock = shared.array, threading.Lock()
+
+    def array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:    # dynamic memory (one buffer), or its error
+            return unlocked(self, shape, dtype, alignment)
+        if isinstance(dtype, numba.types.Type):
+            dtype = numba.np.numpy_support.as_dtype(dtype)
+        frame = sys._getframe(1)                   # the kernel's line, as the simulator keys it
+        caller = (frame.f_code.co_filename, frame.f_lineno)
+        with lock:
+            found = self._allocations.get(caller)
+            if found is None:
+                found = self._allocations[caller] = np.empty(shape, dtype)
+        return found
+    array._locked = True
+    shared.array = array
+
+
+class _Barrier:
+    """Arrivals, live members and sleepers of one barrier (a block's or a warpgroup's)."""
+
+    __slots__ = ("waiting", "alive", "sleepers")
+
+    def __init__(self, alive):
+        self.waiting, self.alive, self.sleepers = 0, alive, []
+
+    def release(self):
+        """Open the barrier (under its block's lock): wake the first sleeper; each wakes the
+        next as it wakes. On a slow 2-core machine (2026-12-05) a Condition's notify_all woke
+        all of a block's threads to queue for the Condition's lock, and waking them all at
+        once on locks of their own thrashed the GIL (a wgmma16 test 23.7 s and 59 s, the chain
+        18.9 s)."""
+        self.waiting = 0
+        sleepers, self.sleepers = self.sleepers, []
+        if sleepers:
+            sleepers[0].release()
+
+
+def _block_layout(block_dim, _cache={}):
+    """(threadIdx, linear id, warpgroup) of each thread of a block, in numba-cuda's order."""
+    layout = _cache.get(block_dim)
+    if layout is None:
+        from numba.cuda.simulator.kernelapi import Dim3
+        bx, by = block_dim[0], block_dim[1]
+        layout = []
+        for x, y, z in np.ndindex(*block_dim):
+            linear = x + bx * (y + by * z)
+            layout.append((Dim3(x, y, z), linear, linear // WARPGROUP_THREADS))
+        layout = _cache[block_dim] = tuple(layout)
+    return layout
+
+
+def run_blocks_on_a_thread_pool():
+    """Replace numba-cuda's BlockManager.run (a block: make and start a thread per CUDA thread,
+    busy-poll them) with the pool and barriers of this module's docstring (idempotent;
+    nothing on a GPU)."""
+    if not SIMULATOR:
+        return
+    from numba.cuda.simulator import kernel as simkernel
+    from numba.cuda.simulator.kernelapi import Dim3
+    manager = simkernel.BlockManager
+    if getattr(manager.run, "_pooled", False):
+        return
+    pool = []
+
+    class SimulatedThread(simkernel.BlockThread):
+        """A pool thread: runs one CUDA thread of a block at a time, for any block. Keeps
+        BlockThread's syncthreads_count / _and / _or (they use syncthreads below)."""
+
+        def __init__(self, index):
+            threading.Thread.__init__(self, name=f"simulated CUDA thread {index}", daemon=True)
+            self._go = threading.Lock()
+            self._go.acquire()
+            self._manager = None
+            self.exception, self.abort, self.debug, self.syncthreads_blocked = (
+                None, False, False, False)
+
+        def run(self):
+            while True:
+                self._go.acquire()
+                m = self._manager
+                self.state, self.exception = {}, None
+                try:
+                    if m._debug:                     # as BlockThread's debug wrapper
+                        with np.errstate(divide="raise"):
+                            m._f(*m._args)
+                    else:
+                        m._f(*m._args)
+                except Exception as e:               # noqa: BLE001 - raised by the launch
+                    tid, ctaid = f"tid={list(self.threadIdx)}", f"ctaid={list(self.blockIdx)}"
+                    msg = f"{tid} {ctaid}" if str(e) == "" else f"{tid} {ctaid}: {e}"
+                    self.exception = (type(e)(msg), sys.exc_info()[2])
+                with m._lock:
+                    if self.exception is not None and m._failed is None:
+                        m._failed = self.exception
+                    # the rest wait at a barrier this thread never met
+                    for barrier in (m._block, m._groups[self._group]):
+                        barrier.alive -= 1
+                        if barrier.waiting and barrier.waiting == barrier.alive:
+                            barrier.release()
+                    if m._block.alive == 0 or (self.exception is not None
+                                         and m._failed is self.exception):
+                        m._done.notify_all()
+
+        def syncthreads(self):
+            _wait_at(self, self._manager._block)
+
+        def warpgroup_sync(self):
+            _wait_at(self, self._manager._groups[self._group])
+
+    def _wait_at(thread, barrier):
+        """`thread` at `barrier` (its block's or its warpgroup's) until all live members are."""
+        m = thread._manager
+        lock = None
+        with m._lock:
+            if m._abort:
+                raise RuntimeError("abort flag set on syncthreads call")
+            barrier.waiting += 1
+            if barrier.waiting == barrier.alive:
+                barrier.release()
+            else:                           # sleep on a lock of this thread's own, taken
+                lock = threading.Lock()     # here and given back by release()
+                lock.acquire()
+                queue, place = barrier.sleepers, len(barrier.sleepers)
+                queue.append(lock)
+        if lock is not None:
+            lock.acquire()
+            if place + 1 < len(queue):
+                queue[place + 1].release()
+        if m._abort:
+            raise RuntimeError("abort flag set on syncthreads clear")
+
+    def run(self, grid_point, *args):
+        layout = _block_layout(tuple(self._block_dim))
+        while len(pool) < len(layout):
+            pool.append(SimulatedThread(len(pool)))
+            pool[-1].start()
+        self._lock = threading.Lock()
+        self._done = threading.Condition(self._lock)
+        self._args, self._failed, self._abort = args, None, False
+        self._block = _Barrier(len(layout))  # before any starts: all take part in a barrier
+        self._groups = {}
+        block_idx = Dim3(*grid_point)
+        threads = pool[:len(layout)]
+        for t, (thread_idx, linear, group) in zip(threads, layout):
+            t._manager, t.blockIdx, t.threadIdx, t.thread_id, t._group = (
+                self, block_idx, thread_idx, linear, group)
+            if group not in self._groups:
+                self._groups[group] = _Barrier(0)
+            self._groups[group].alive += 1
+        for t in threads:
+            t._go.release()
+        with self._lock:
+            while self._block.alive and self._failed is None:
+                self._done.wait()
+            failed = self._failed
+            if failed is not None:
+                self._abort = True          # the waiters see the abort and raise
+                self._block.release()
+                for group in self._groups.values():
+                    group.release()
+                while self._block.alive:    # every thread back in the pool before it is reused
+                    self._done.wait()
+        if failed is not None:
+            raise failed[0].with_traceback(failed[1])
+
+    run._pooled = True
+    manager.run = run
+
+
+def swap_device_modules_once_per_launch():
+    """Calls of device functions inside a launch without numba-cuda's swap per call (see the
+    module's docstring; idempotent; nothing on a GPU). Every module that holds a device
+    function has its `cuda` swapped for the launch's fake module when the launch swaps the
+    kernel's own, and back when it ends; a device function of a module so swapped is called
+    directly. A module first seen during a launch (a device function made by a kernel) takes
+    numba-cuda's path, as before."""
+    if not SIMULATOR:
+        return
+    from numba.cuda.simulator import kernel as simkernel
+    fake = simkernel.FakeCUDAKernel
+    if getattr(fake.__call__, "_pinned", False):
+        return
+    init, call, swap = fake.__init__, fake.__call__, simkernel.swapped_cuda_module
+    modules = {}        # id(module globals) -> weak reference to a device function of it
+    pinned = {}         # id(module globals) -> the fake cuda module they hold in this launch
+
+    def __init__(self, fn, device, *args, **kwargs):
+        init(self, fn, device, *args, **kwargs)
+        if device and hasattr(fn, "__globals__"):
+            ref = modules.get(id(fn.__globals__))
+            if ref is None or ref() is None:
+                modules[id(fn.__globals__)] = weakref.ref(fn)
+
+    def __call__(self, *args):
+        context = simkernel._kernel_context
+        if context is not None and pinned.get(id(self.fn.__globals__)) is context:
+            return self.fn(*args)
+        return call(self, *args)
+
+    @contextlib.contextmanager
+    def swapped_cuda_module(fn, fake_module):
+        if pinned or fake_module is None or fake_module is not simkernel._kernel_context:
+            with swap(fn, fake_module):     # a device call in a module not pinned
+                yield
+            return
+        # the launch's own swap (FakeCUDAKernel.__call__ of a kernel): pin every module
+        functions = [fn] + [f for f in (ref() for ref in list(modules.values())) if f]
+        with contextlib.ExitStack() as stack:
+            for f in functions:
+                stack.enter_context(swap(f, fake_module))
+                pinned[id(f.__globals__)] = fake_module
+            try:
+                yield
+            finally:
+                pinned.clear()
+
+    __call__._pinned = True
+    fake.__init__, fake.__call__ = __init__, __call__
+    simkernel.swapped_cuda_module = swapped_cuda_module
+
+
+def warpgroup_barrier():
+    """The simulator's barrier of the calling thread's warpgroup (128 consecutive threads of
+    its block, or the rest of them in the last): what a warpgroup-wide instruction (wgmma, a
+    warp's shuffles and votes) orders on a GPU, which its model exchanges through shared
+    memory. Every thread of the warpgroup calls it, and only those: a warpgroup that skips a
+    product does not hold the others' exchanges up, as it does not on a GPU (a block barrier
+    there let a causal kernel's stage-only warpgroups run steps ahead of the computing ones).
+    Simulator only (there is nothing to call on a GPU)."""
+    threading.current_thread().warpgroup_sync()
+
+
+def thread_state():
+    """The calling simulated thread's own dict, empty at the start of each block: state an
+    instruction model keeps per CUDA thread (a pool thread runs many blocks' threads, so a
+    threading.local would carry it from one block to the next). Simulator only."""
+    return threading.current_thread().state
+
+
+lock_simulator_shared_arrays()
+run_blocks_on_a_thread_pool()
+swap_device_modules_once_per_launch()
