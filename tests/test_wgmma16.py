@@ -431,3 +431,22 @@ def test_wgmma16_deterministic_backward_is_the_widened_one():
 def test_gpu_wgmma16_within_the_half_tolerance(fmt, shape_q, shape_k, causal, logits):
     _check(fmt, shape_q, shape_k, causal, scale_logits=logits)
     _check(fmt, shape_q, shape_k, causal, scale_logits=logits, deterministic=True)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator's model of the conversion")
+@pytest.mark.parametrize("fmt", ["bfloat16", "float16"])
+def test_scalar_conversion_to_half_bits_is_numpys(fmt):
+    # wgmma16._encode_scalar takes struct's path; NumPy's / ml_dtypes' conversion is the rule
+    rng = np.random.default_rng(7)
+    bits = rng.integers(0, 2 ** 32, 20000, dtype=np.uint64).astype(np.uint32)
+    edges = [int(np.float32(v).view(np.uint32)) for v in
+             (65504, 65520, 6.1035156e-05, 5.96e-08, 2.98e-08, 3.3895314e38, 1e-45, 0.0)]
+    near = np.array([b + d for b in edges for d in range(-40, 41) if b + d >= 0], np.uint32)
+    bits = np.concatenate([bits, near, near | np.uint32(0x80000000)])
+    values = bits.view(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want = values.astype(FORMATS[fmt]).view(np.uint16)
+    got = np.array([wgmma16._encode_scalar(v, fmt) for v in values])
+    finite_or_inf = ~np.isnan(values)
+    assert (got[finite_or_inf] == want[finite_or_inf]).all()
+    assert np.isnan(wgmma16.decode_host(got[~finite_or_inf].astype(np.uint16), fmt)).all()

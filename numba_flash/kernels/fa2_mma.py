@@ -22,6 +22,7 @@ rounding only on a GPU.
 
 import functools
 
+import numpy as np
 from numba import cuda, float32
 
 from reference.precision import step_3xtf32
@@ -90,21 +91,29 @@ def mma_products(rows, cols, warps, W_ROW, X_ROW):
 
         if SIMULATOR:
             # plain NumPy on the shared array (a Python array there): device-function calls
-            # per element made the simulated kernel ~20x slower
+            # per element made the simulated kernel ~20x slower. Every step of every entry of
+            # the lane's fragments at once: step_3xtf32 over the last axis (8 long) of
+            # (MT, NT, 4, steps, 8) arrays gives the same bits as one call an entry and step
+            # (an 8-long sum is the same pairwise sum either way), and the steps go into acc in
+            # order, as the loop over k did
+            e = np.arange(4)
+            rows = np.arange(MT)[:, None, None] * MMA_M + 8 * (e // 2)     # (MT, 1, 4)
+            cols = np.arange(NT)[None, :, None] * MMA_N + e % 2            # (1, NT, 4)
+
             @cuda.jit(**DEVICE)
             def accumulate(sm, w_off, x_off, length, acc, warp, lane):
                 row0, col0 = origin(warp)
                 g, t = int(lane) // 4, int(lane) % 4
-                for k in range(0, int(length), MMA_K):
-                    for mt in range(MT):
-                        for nt in range(NT):
-                            for e in range(4):
-                                r = int(row0) + mt * MMA_M + g + 8 * (e // 2)
-                                c = int(col0) + nt * MMA_N + 2 * t + e % 2
-                                w0 = int(w_off) + r * W_ROW + k
-                                x0 = int(x_off) + k * XK + c * XC
-                                acc[mt, nt, e] += step_3xtf32(sm[w0:w0 + MMA_K],
-                                                              sm[x0:x0 + MMA_K * XK:XK])
+                steps, k = int(length) // MMA_K, np.arange(int(length))
+                r = int(row0) + g + rows
+                c = int(col0) + 2 * t + cols
+                w = sm[int(w_off) + (r * W_ROW)[..., None] + k]
+                x = sm[int(x_off) + k * XK + (c * XC)[..., None]]
+                shape = (MT, NT, 4, steps, MMA_K)
+                parts = step_3xtf32(np.broadcast_to(w, shape[:3] + (int(length),)).reshape(shape),
+                                    np.broadcast_to(x, shape[:3] + (int(length),)).reshape(shape))
+                for step in range(steps):
+                    acc[:, :, :] += parts[..., step]
             return accumulate
 
         zero = float32(0.0)

@@ -15,6 +15,7 @@ kernel's own arithmetic is what CI waits for. Patched here, once at import:
   lock round trips a call: a quarter of a simulated wgmma kernel's own time). Here every
   module that holds a device function is swapped once, for the whole launch, and its calls go
   straight to the Python function;
+- **scalar casts** (`float32(x)`) call NumPy's scalar type directly (`cast_scalars_directly`);
 - **static shared arrays** are looked up under a lock (`lock_simulator_shared_arrays`);
 - `thread_state()`: a simulated thread's own dict, empty at the start of each block (what the
   instruction models keep per thread: wgmma's exchange turns, wgmma16's products in flight).
@@ -274,6 +275,28 @@ def swap_device_modules_once_per_launch():
     simkernel.swapped_cuda_module = swapped_cuda_module
 
 
+def cast_scalars_directly():
+    """numba's scalar types called on a value on the simulator (`float32(x)`, `uint32(i)`, in
+    every kernel's inner loops) go straight to NumPy's scalar type, as Type.__call__ ends up
+    doing after an import statement and a call of its own each time (a tenth of a simulated
+    wgmma16 kernel's time). Called on types (a signature) they do what they did. Idempotent;
+    nothing on a GPU."""
+    if not SIMULATOR:
+        return
+    from numba.core import types
+    for cls in (types.Integer, types.Float):
+        if getattr(cls.__call__, "_direct", False):
+            continue
+        make_signature = cls.__call__
+
+        def __call__(self, *args, _make_signature=make_signature):
+            if len(args) == 1 and not isinstance(args[0], types.Type):
+                return getattr(np, self.name)(args[0])      # cast_python_value
+            return _make_signature(self, *args)
+        __call__._direct = True
+        cls.__call__ = __call__
+
+
 def warpgroup_barrier():
     """The simulator's barrier of the calling thread's warpgroup (128 consecutive threads of
     its block, or the rest of them in the last): what a warpgroup-wide instruction (wgmma, a
@@ -295,3 +318,4 @@ def thread_state():
 lock_simulator_shared_arrays()
 run_blocks_on_a_thread_pool()
 swap_device_modules_once_per_launch()
+cast_scalars_directly()
