@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import Phase
 
+from numba_flash.api import DTYPES
 from numba_flash.kernels.support import SIMULATOR
 from numba_flash.testing import campaign, mutants
 from numba_flash.testing.strategies import REGIMES
@@ -21,7 +22,8 @@ def test_property_suite_catches_mutant(name):
             # no shrinking: finding one failing example is the point, and fast
             campaign.search(mutant.prop, kernel, mutant.size,
                             max_examples=40, derandomize=True, phases=[Phase.generate],
-                            print_blob=False, regimes=mutant.regimes or REGIMES)
+                            print_blob=False, regimes=mutant.regimes or REGIMES,
+                            dtypes=mutant.dtypes or DTYPES)
 
 
 def test_every_mutant_edits_the_current_source():
@@ -29,25 +31,18 @@ def test_every_mutant_edits_the_current_source():
         mutants.build(mutant)          # raises if the fragment is gone or ambiguous
 
 
-def test_unmutated_kernels_pass_the_same_search():
-    # the control: the same search on the real kernels finds nothing
-    for prop, kernel, size, *regimes in (("forward agrees", "rowwise", "simulator"),
-                               ("forward agrees", "tiled", "simulator"),
-                               ("forward agrees", "fa2", "simulator"),
-                               ("forward agrees", "wgmma", "simulator"),
-                               ("backward agrees", "tiled", "simulator"),
-                               ("backward agrees", "fa2", "simulator"),
-                               ("backward agrees", "wgmma", "simulator"),
-                               ("backward agrees", "wgmma", "simulator-wide"),
-                               ("forward agrees", "wgmma", "simulator-blocks"),
-                               ("forward agrees", "wgmma16", "simulator"),
-                               ("forward agrees", "wgmma16", "simulator-blocks"),
-                               ("forward agrees", "wgmma16", "simulator", ("large v",)),
-                               ("backward agrees", "wgmma16", "simulator"),
-                               ("backward agrees", "wgmma16", "simulator", ("tiny dO",)),
-                               ("non-finite inputs (forward)", "rowwise", "simulator")):
-        campaign.search(prop, kernel, size, max_examples=2, derandomize=True,
-                        phases=[Phase.generate], regimes=regimes[0] if regimes else REGIMES)
+# the searches the mutants take, each once: (property, pair, size, regimes, dtypes)
+SEARCHES = sorted({(m.prop, m.base, m.size, m.regimes, m.dtypes)
+                   for m in mutants.MUTANTS.values()}, key=repr)
+
+
+@pytest.mark.parametrize("search", SEARCHES, ids=lambda s: " ".join(map(str, s)))
+def test_unmutated_kernels_pass_the_same_search(search):
+    # the control: each mutant's search, on the real pair it is a mutant of, finds nothing
+    prop, kernel, size, regimes, dtypes = search
+    campaign.search(prop, kernel, size, max_examples=2, derandomize=True,
+                    phases=[Phase.generate], regimes=regimes or REGIMES,
+                    dtypes=dtypes or DTYPES)
 
 
 def test_every_family_has_mutants():

@@ -36,14 +36,20 @@ class Mutant:
     # through NumPy's float16 (what a careless half kernel holds a value in), which only the
     # simulator can run: on a GPU the instruction runs unedited, or the edit does not compile
     simulator_only: bool = False
-    # the regimes the search draws (None: all): "huge" for the float32 rescale mutants (a row
-    # max grows across key blocks there sooner: caught at the 7th example, not the 12th, ~20 s
-    # of CI each); for a mutant that only one regime exposes by design (O held in float16
-    # errs within the half tolerance until it overflows, which is what "large v" is for; dS
-    # held in float16 is more precise than bfloat16 until it falls into float16's
-    # subnormals, which is what "tiny dO" is for; a short derandomized search may not draw
-    # them, a fuzz run does)
+    # the regimes the search draws (None: all), for a mutant that only some regimes expose by
+    # design (a short derandomized search may not draw them, a fuzz run does): "rising keys"
+    # for the rescale mutants (every block moves every row's max; with "huge" only some rows'
+    # did, caught at the 6th to 8th example, 20-70 s of CI each, 2026-12-06); O held in
+    # float16 errs within the half tolerance until it overflows, which is what "large v" is
+    # for; S held in float16 is exact enough until it passes 65504 ("huge"); dS held in
+    # float16 is more precise than bfloat16 until it falls into float16's subnormals, which
+    # is what "tiny dO" is for
     regimes: tuple = None
+    # the input dtypes the search draws (None: all), for the edits that round through
+    # float16: S or O held in float16 shows with float16 inputs; dS held in float16 with
+    # bfloat16 ones, whose tiny gradients float16's subnormals lose (with float16 inputs the
+    # kernel's own dS is float16: 40 examples found nothing, 2026-12-06)
+    dtypes: tuple = None
 
 
 _R = "forward agrees"
@@ -80,10 +86,10 @@ MUTANTS = {m.name: m for m in (
     # the permuted contraction in one direction only, a dQ pair's columns
     Mutant("l not rescaled (wgmma)", "forward", "sm90.softmax",
            "l[h] *= alpha[h]", "l[h] *= float32(1.0)", _R, "wgmma", via="sm90.forward",
-           size="simulator-blocks", regimes=("huge",)),
+           size="simulator-blocks", regimes=("rising keys",)),
     Mutant("O not rescaled (wgmma)", "forward", "sm90.forward",
            "o_acc[j] *= alpha[(j % 4) // 2]", "o_acc[j] *= float32(1.0)", _R, "wgmma",
-           size="simulator-blocks", regimes=("huge",)),
+           size="simulator-blocks", regimes=("rising keys",)),
     Mutant("D left out of dS (wgmma)", "backward", "sm90.backward",
            "dp_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))", "dp_acc[j] = p * dp_acc[j]",
            _B, "wgmma"),
@@ -106,22 +112,23 @@ MUTANTS = {m.name: m for m in (
     Mutant("reference max kept however far a row max passes it (wgmma16)", "forward",
            "sm90.forward16", "tau = min(float32(LAZY_LOG2) / scale_log2, float32(FLT_MAX))",
            "tau = float32(FLT_MAX)", _R, "wgmma16", size="simulator-blocks",
-           regimes=("huge",)),
+           regimes=("rising keys",)),
     Mutant("P's keys swapped in pairs (wgmma16)", "forward", "sm90.forward16",
            "p_regs[w] = pack(s_acc[2 * w], s_acc[2 * w + 1])",
            "p_regs[w] = pack(s_acc[2 * w + 1], s_acc[2 * w])", _R, "wgmma16"),
     # (O is rescaled only when the lazy max moves, a row max passing it by 2^8 in P: logits
-    # far apart across blocks, which the huge regime draws at once)
+    # far apart across blocks, which the rising keys regime draws at once)
     Mutant("O not rescaled (wgmma16)", "forward", "sm90.forward16",
            "o_acc[j] *= alpha[(j % 4) // 2]", "o_acc[j] *= float32(1.0)", _R, "wgmma16",
-           size="simulator-blocks", regimes=("huge",)),
+           size="simulator-blocks", regimes=("rising keys",)),
     Mutant("S held in float16 (wgmma16)", "forward", "sm90.wgmma16",
            "return exact.astype(np.float32)", "return exact.astype(np.float16)", _R, "wgmma16",
-           via="sm90.forward16", simulator_only=True),
+           via="sm90.forward16", simulator_only=True, regimes=("huge",), dtypes=("float16",)),
     Mutant("O accumulated in float16 (wgmma16)", "forward", "sm90.wgmma16",
            "acc[j] = float32(np.float64(acc[j]) + exact[j])",
            "acc[j] = float32(np.float16(np.float64(acc[j]) + exact[j]))", _R, "wgmma16",
-           via="sm90.forward16", simulator_only=True, regimes=("large v",)),
+           via="sm90.forward16", simulator_only=True, regimes=("large v",),
+           dtypes=("float16",)),
     Mutant("P rounded to float16 before the max is subtracted (wgmma16)", "forward",
            "sm90.softmax", "p = exp2_approx(s_acc[j] * c - m_safe[h])",
            "p = float32(__import__('numpy').float16(exp2_approx(s_acc[j] * c))) "
@@ -141,7 +148,7 @@ MUTANTS = {m.name: m for m in (
            "words_ds[w] = pack(dpt[2 * w], dpt[2 * w + 1])",
            "words_ds[w] = pack(float32(__import__('numpy').float16(dpt[2 * w])), "
            "float32(__import__('numpy').float16(dpt[2 * w + 1])))", _B, "wgmma16",
-           simulator_only=True, regimes=("tiny dO",)),
+           simulator_only=True, regimes=("tiny dO",), dtypes=("bfloat16",)),
     Mutant("next Q block staged over this one (wgmma16)", "backward", "sm90.backward16",
            "at = U(QDO_AT) + (b ^ U(1)) * U(2 * TILE)",
            "at = U(QDO_AT) + b * U(2 * TILE)", _B, "wgmma16",
@@ -154,7 +161,7 @@ MUTANTS = {m.name: m for m in (
            "if VISIBLE_STEPS and m0 <= nq and n0 + uBM <= nk and", _B, "wgmma16",
            size="simulator-blocks"),
     Mutant("the next query head never taken (wgmma16)", "backward", "sm90.backward16",
-           "if m1 == m_end:", "if m1 > m_end:", _B, "wgmma16"),
+           "if m1 == m_end:", "if m1 > m_end:", _B, "wgmma16", size="simulator-gqa"),
     Mutant("D left out of dS (wgmma16)", "backward", "sm90.backward16",
            "dpt[jj] = p * (dp[jj] - sm[U(DSUM_AT) + c])", "dpt[jj] = p * dp[jj]", _B,
            "wgmma16"),

@@ -19,14 +19,18 @@ SIZES = {
     "simulator": dict(max_n=40, max_d=16, max_batch=2, max_heads=2),
     "gpu": dict(max_n=1100, max_d=256, max_batch=2, max_heads=4),
     # the Hopper family's two-warpgroup kernels (64 < d <= 128) on the simulator
-    "simulator-wide": dict(min_d=65, max_n=24, max_d=80, max_batch=1, max_heads=1),
+    # (from 2 keys and queries: with one key dS is 0, and a backward's dQ or dK shows nothing)
+    "simulator-wide": dict(min_d=65, min_n=2, max_n=24, max_d=80, max_batch=1, max_heads=1),
     # several K/V blocks of the Hopper family's 64 keys (the online softmax's rescaling)
     # (two blocks are enough: 65-80 keys, d <= 8, to keep the simulated 128 threads cheap)
     "simulator-blocks": dict(min_n=65, max_n=80, max_d=8, max_batch=1, max_heads=1),
+    # grouped-query attention only (2 or 4 query heads a key head): what a backward does per
+    # key head across its query heads
+    "simulator-gqa": dict(max_n=16, max_d=16, max_batch=1, max_heads=2, min_group=2),
 }
 
 REGIMES = ("ordinary", "huge", "dominant key", "all equal", "row offsets", "near-cancelling",
-           "fully masked rows", "large v", "large dO", "tiny dO")
+           "fully masked rows", "large v", "large dO", "tiny dO", "rising keys")
 
 
 # (block_m, block_n) candidates: a property draws from those the kernel pair under test accepts
@@ -105,6 +109,11 @@ def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
                       ~1e5 and cancel (rows of dS sum to zero), so dS K summed in float16
                       overflows while the true dq is small.
     tiny dO           dO ~ 1e-6: the gradients fall to float16's subnormals (below 6.1e-5).
+    rising keys       every row's logits rise by 12 from each key to the next (every row's
+                      max is its last visible key): each K/V block moves the running max m
+                      past the last block's by e^12 in P and beyond FlashAttention-3's lazy
+                      threshold (2^8), so a rescale of l or O left out, or done late, errs
+                      by a factor, not a rounding.
     """
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((B, H, nq, d))
@@ -140,6 +149,13 @@ def logits_regime(regime, B, H, Hk, nq, nk, d, dtype, seed):
         k = k[..., :1, :] + 0.01 * k
     elif regime == "tiny dO":
         dout *= 1e-6
+    elif regime == "rising keys":
+        # S_ij = q_i0 k_j0 / sqrt(d) + the rest: 12 j from q_i0 = root, k_j0 = 12 j root, the
+        # other d - 1 terms (N(0, 1) each, scaled to sum to |.| < 1 mostly) cannot reorder keys
+        q[..., 1:] *= 0.3 / root
+        k[..., 1:] *= 0.3 / root
+        q[..., 0] = root
+        k[..., 0] = 12.0 * root * np.arange(nk)
     return tuple(a.astype(dtype) for a in (q, k, v, dout))
 
 
@@ -162,7 +178,7 @@ def problems(draw, size="simulator", dtypes=DTYPES, regimes=REGIMES,
     regime = draw(st.sampled_from(regimes))
     B = draw(st.integers(1, lim["max_batch"]))
     Hk = draw(st.integers(1, max(1, lim["max_heads"] // 2)))
-    H = Hk * draw(st.sampled_from([1, 2, 4]))      # GQA ratios 1, 2, 4
+    H = Hk * draw(st.sampled_from([g for g in (1, 2, 4) if g >= lim.get("min_group", 1)]))
     min_d = lim.get("min_d", 1)
     d = draw(st.one_of(st.integers(min_d, lim["max_d"]), st.sampled_from(
         [x for x in (1, 16, 59, 64, 72, 111, 128, 256) if min_d <= x <= lim["max_d"]])))
