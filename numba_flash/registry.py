@@ -271,7 +271,8 @@ _forward16_tma = functools.partial(forward16.make_forward_kernel, tma=True)
 
 def _hopper16_pair(name, run_backward, summary):
     """A pair of the 16-bit Hopper forward (sm90.forward16, TMA staging) and `run_backward`,
-    which takes the inputs as stored (half_storage): half dtypes, d <= 128, sm_90, else wgmma. Its backward tiles are wgmma's, for the widened backward
+    which takes the inputs as stored (half_storage): half dtypes, d <= 128, sm_90, else wgmma.
+    Its backward tiles are wgmma's, for the widened backward
     (deterministic=True, or the "wgmma16-tf32bwd" pair); the 16-bit dK/dV kernel's blocks are
     fixed (128 keys x 64 queries) and it ignores them."""
     return Pair(

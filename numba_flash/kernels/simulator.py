@@ -26,6 +26,7 @@ thread waits until every thread of the block has finished and raises the first e
 """
 
 import contextlib
+import functools
 import sys
 import threading
 import weakref
@@ -91,18 +92,16 @@ class _Barrier:
             sleepers[0].release()
 
 
-def _block_layout(block_dim, _cache={}):
+@functools.lru_cache(maxsize=None)
+def _block_layout(block_dim):
     """(threadIdx, linear id, warpgroup) of each thread of a block, in numba-cuda's order."""
-    layout = _cache.get(block_dim)
-    if layout is None:
-        from numba.cuda.simulator.kernelapi import Dim3
-        bx, by = block_dim[0], block_dim[1]
-        layout = []
-        for x, y, z in np.ndindex(*block_dim):
-            linear = x + bx * (y + by * z)
-            layout.append((Dim3(x, y, z), linear, linear // WARPGROUP_THREADS))
-        layout = _cache[block_dim] = tuple(layout)
-    return layout
+    from numba.cuda.simulator.kernelapi import Dim3
+    bx, by = block_dim[0], block_dim[1]
+    layout = []
+    for x, y, z in np.ndindex(*block_dim):
+        linear = x + bx * (y + by * z)
+        layout.append((Dim3(x, y, z), linear, linear // WARPGROUP_THREADS))
+    return tuple(layout)
 
 
 def run_blocks_on_a_thread_pool():

@@ -57,9 +57,10 @@ def check_shared_memory(what, nbytes, hint, limit=SHARED_MEMORY_BYTES):
 
 def device_function(fn):
     """cuda.jit(device=True) on a GPU; on the simulator the plain Python function, for device
-    functions that use nothing of `cuda` (no thread index, shared array or barrier). The
-    simulator wraps every device-function call in a per-module lock (numba-cuda's
-    swapped_cuda_module, which swaps the module's `cuda` for the calling thread's); with 128
+    functions that use nothing of `cuda` (no thread index, shared array or barrier). numba-cuda
+    wrapped every device-function call in a per-module lock (swapped_cuda_module, which swaps
+    the module's `cuda` for the calling thread's; simulator.py now swaps once a launch, and a
+    plain function still saves the call through FakeCUDAKernel); with 128
     threads calling small helpers per element, most of a simulated wgmma kernel's time was
     threads queueing on that lock (sampled 2026-12-01: 19.5k of 15k samples' frames, the lock
     in every stack). A function that needs no swap can skip it; the result is the same."""
@@ -248,11 +249,12 @@ def make_recompute_p(T, causal, base2=False):
 def simulator_switch_interval(seconds=5e-3):
     """On the simulator: the GIL switch interval while a Hopper kernel runs (nothing on a
     GPU). The simulator runs one Python thread per CUDA thread, and every device-function call
-    takes a per-module lock (numba-cuda's swapped_cuda_module). While a barrier woke the whole
+    took a per-module lock (numba-cuda's swapped_cuda_module; once a launch since
+    simulator.py, 2026-12-06). While a barrier woke the whole
     block at once, a preempted lock holder stalled the others for a whole interval, and 0.1 ms
     (not the default 5 ms) made the Hopper kernels' tests minutes faster (19 s for a whole
     problem, 2026-11-30). Since the barrier wakes its sleepers in a chain (a thread or two
-    runnable at a time, wake_simulator_barriers_by_condition), the default is the faster
+    runnable at a time, simulator.py), the default is the faster
     one again: on this 2-core machine, 2026-12-05, 0.1 ms / 1 ms / 5 ms / 20 ms took 20.2 /
     19.2 / 16.4 / - s (a wgmma16 tolerance test), 41.6 / 35.0 / 30.4 / - s (a wgmma16
     backward property), 37.9 / - / 33.4 / 33.5 s (a float32 wgmma backward property) and
