@@ -198,3 +198,26 @@ def test_gpu_torch_tensors_are_read_as_their_interface_describes_them():
     assert arrays._torch_view(half.float().requires_grad_(), (4, 8), None) is None
     with pytest.raises(ValueError):
         arrays._import(half, (4, 8), np.float32, 0)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel,dtype", [("auto", "bfloat16"), ("auto", "float32"),
+                                          ("wgmma16-tf32bwd", "bfloat16"), ("mma16", "float16"),
+                                          ("fa2", "float32")])
+def test_gpu_api_calls_on_torch_tensors_pack_every_launch_themselves(kernel, dtype):
+    # an argument the Launcher cannot pack (a Numba device array: the TMA forward's tensor
+    # maps were one until 2026-12-06) sends the launch through Numba's own, a few hundred us
+    # of host a call: an API call on torch tensors makes no such launch, forward, backward,
+    # deterministic or not (the first call compiles; the second is counted too)
+    torch = pytest.importorskip("torch")
+    from numba_flash import flash_attention_backward, flash_attention_forward
+    from numba_flash.kernels.launch import Launcher
+    q, k, v, do = (torch.randn(1, 2, 192, 64, device="cuda", dtype=getattr(torch, dtype))
+                   for _ in range(4))
+    before = Launcher.numba_launches
+    for deterministic in (False, True):
+        out, lse = flash_attention_forward(q, k, v, causal=True, kernel=kernel)
+        flash_attention_backward(do, q, k, v, out, lse, causal=True, kernel=kernel,
+                                 deterministic=deterministic)
+    torch.cuda.synchronize()
+    assert Launcher.numba_launches == before

@@ -173,6 +173,10 @@ class Launcher:
     ones for vector loads). Attributes it does not have are the dispatcher's (py_func,
     targetoptions, compile, ...), so tools that read a kernel read it through its launcher."""
 
+    # launches packed by Numba's own launch (an argument of a kind _packer does not take),
+    # over the process: the API's calls on torch and CuPy arrays make none (tests/test_launch.py)
+    numba_launches = 0
+
     def __init__(self, dispatcher, nbytes=0, check=None):
         if isinstance(dispatcher, Launcher):
             dispatcher = dispatcher.kernel
@@ -240,6 +244,7 @@ class Launcher:
         grid, block = normalize_kernel_dimensions(grid, block)
         stream = _to_core_stream(stream)
         if packers is None:
+            Launcher.numba_launches += 1
             kern.launch(args, grid, block, stream, self.nbytes)
             return
         packed = []

@@ -45,6 +45,7 @@ import threading
 import numpy as np
 from numba import cuda, int32, types, uint32, uint64
 
+from ..launch import DeviceView
 from ..support import SIMULATOR, U, device_function
 from ..vector_io import aligned, data_pointer
 
@@ -108,8 +109,9 @@ def _stream_key(stream):
 
 
 def tensor_maps(arrays, stream=0):
-    """A device array (len(arrays), MAP_BYTES) uint8: row i the tensor map of arrays[i], a
-    (B*H, N, d) 16-bit array passing tma_ready, boxes BOX x BOX with the 128-byte swizzle.
+    """A device array (len(arrays), MAP_BYTES) uint8 (a launch.DeviceView on the GPU): row i
+    the tensor map of arrays[i], a (B*H, N, d) 16-bit array passing tma_ready, boxes BOX x BOX
+    with the 128-byte swizzle.
     The last _MAPS_CACHED sets are kept, keyed by pointers, shapes and strides (a map is a
     function of them) and the stream, so repeated calls on the same arrays copy nothing. A
     new set is encoded on the host and copied on `stream`, ahead of the kernels that stream
@@ -128,6 +130,11 @@ def tensor_maps(arrays, stream=0):
     else:
         words = np.stack([_encode(a) for a in arrays])
     maps = cuda.to_device(words.view(np.uint8), stream=stream)
+    if not SIMULATOR:
+        # a DeviceView, which launch.Launcher packs itself: a Numba device array among a
+        # launch's arguments sends the whole launch through Numba's own (a few hundred us of
+        # host a call: tools/call_time.py, 2026-12-06)
+        maps = DeviceView(maps.device_ctypes_pointer.value, maps.shape, np.uint8, owner=maps)
     with _maps_lock:
         _maps[key] = maps
         while len(_maps) > _MAPS_CACHED:
