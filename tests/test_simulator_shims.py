@@ -189,3 +189,60 @@ def test_device_functions_see_the_launch_module_and_get_the_real_one_back():
     assert globals()["cuda"] is cuda and simkernel._kernel_context is None
     # a swap per call (numba-cuda's own path) is gone for modules known at launch
     assert simkernel.FakeCUDAKernel.__call__._pinned
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a shim of the simulator")
+def test_a_blocks_threads_run_one_at_a_time_and_meet_in_both_orders():
+    # one thread runs at a time, even across calls that let the GIL go (NumPy's large
+    # products); after each barrier the others run in an order that alternates, so that every
+    # two threads run in both orders (a write racing a read is seen one way round or the other)
+    running, most, order = [0], [0], []
+    lock = threading.Lock()
+    a = np.ones((200, 200))
+
+    def segment(t):
+        with lock:
+            running[0] += 1
+            most[0] = max(most[0], running[0])
+            order.append(t)
+        a @ a                                   # the GIL is let go in here
+        with lock:
+            running[0] -= 1
+
+    n, rounds = 6, 4
+
+    @cuda.jit
+    def turns(out):
+        t = cuda.threadIdx.x
+        for _ in range(rounds):
+            segment(t)
+            cuda.syncthreads()
+        out[t] = 1
+
+    out = np.zeros(n, np.int64)
+    _within(60, lambda: turns[1, n](out))
+    assert (out == 1).all() and most[0] == 1
+    rounds_seen = [order[r * n:(r + 1) * n] for r in range(rounds)]
+    assert all(sorted(r) == list(range(n)) for r in rounds_seen)
+    for i in range(n):
+        for j in range(i + 1, n):
+            before = {r.index(i) < r.index(j) for r in rounds_seen}
+            assert before == {True, False}, (i, j, rounds_seen)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a shim of the simulator")
+def test_threads_waiting_at_barriers_that_cannot_open_raise_instead_of_hanging():
+    from numba_flash.kernels import simulator
+
+    @cuda.jit
+    def crossed(out):
+        # thread 0 waits for its block, thread 1 for its warpgroup: each barrier waits for
+        # the other thread, which waits at the other barrier (a GPU would hang)
+        if cuda.threadIdx.x == 0:
+            cuda.syncthreads()
+        else:
+            simulator.warpgroup_barrier()
+        out[cuda.threadIdx.x] = 1
+
+    with pytest.raises(RuntimeError, match="cannot open"):
+        _within(60, lambda: crossed[1, 2](np.zeros(2, np.int64)))

@@ -7,9 +7,17 @@ kernel's own arithmetic is what CI waits for. Patched here, once at import:
 - **threads**: one pool of Python threads serves every block of every launch. numba-cuda made
   and started a thread per CUDA thread per block (on a simulated float32 wgmma forward, a
   sixth of the time the GIL was held, and each start a wait for the new thread);
+- **turns**: a block's threads run one at a time, each until it stops (at a barrier, at its
+  end, or in `yield_turn`), then the next ready one. When two ran at once (numba-cuda woke a
+  whole block at a barrier; a chain of wakes here before 2026-12-06 kept two runnable), each
+  NumPy call that let the GIL go handed it to the other: a wgmma16 backward property made
+  1.16M context switches in 34 s, 12.7 s of it system time (`perf stat`), and took 18.7 s
+  instead of 31.7 in turns. A barrier's sleepers join the ready queue in arrival order and
+  reversed at alternate openings (`_Barrier.release`), so two threads run in both orders;
 - **barriers**: a block's `syncthreads` and a warpgroup's barrier (`warpgroup_barrier`) are
-  counts under one lock per block, with the sleepers woken one after another; numba-cuda's
-  launching thread busy-polled every thread instead;
+  counts under one lock per block; numba-cuda's launching thread busy-polled every thread
+  instead. A thread that would sleep at a barrier with no other thread ready raises (on a GPU
+  the block would hang);
 - **device functions**: numba-cuda swaps a module's `cuda` for the launch's fake one around
   every device-function call, under a lock per module (a generator context manager and two
   lock round trips a call: a quarter of a simulated wgmma kernel's own time). Here every
@@ -25,6 +33,7 @@ thread waits until every thread of the block has finished and raises the first e
 (tid and ctaid in its message, as numba-cuda words it).
 """
 
+import collections
 import contextlib
 import functools
 import sys
@@ -73,23 +82,26 @@ def lock_simulator_shared_arrays():
 
 
 class _Barrier:
-    """Arrivals, live members and sleepers of one barrier (a block's or a warpgroup's)."""
+    """Arrivals, live members and sleepers (threads) of one barrier (a block's or a
+    warpgroup's), and how many times it has opened."""
 
-    __slots__ = ("waiting", "alive", "sleepers")
+    __slots__ = ("waiting", "alive", "sleepers", "openings")
 
     def __init__(self, alive):
-        self.waiting, self.alive, self.sleepers = 0, alive, []
+        self.waiting, self.alive, self.sleepers, self.openings = 0, alive, [], 0
 
-    def release(self):
-        """Open the barrier (under its block's lock): wake the first sleeper; each wakes the
-        next as it wakes. On a slow 2-core machine (2026-12-05) a Condition's notify_all woke
-        all of a block's threads to queue for the Condition's lock, and waking them all at
-        once on locks of their own thrashed the GIL (a wgmma16 test 23.7 s and 59 s, the chain
-        18.9 s)."""
+    def release(self, ready):
+        """Open the barrier (under its block's lock): its sleepers join the block's `ready`
+        queue (the thread that arrived last runs on first), in the order they arrived at
+        every other opening and reversed at the rest, so that any two of them run in both
+        orders within two openings: a read that a missing barrier leaves racing a write
+        reads the stale value one way round or the other."""
         self.waiting = 0
         sleepers, self.sleepers = self.sleepers, []
-        if sleepers:
-            sleepers[0].release()
+        if self.openings % 2:
+            sleepers.reverse()
+        self.openings += 1
+        ready.extend(sleepers)
 
 
 @functools.lru_cache(maxsize=None)
@@ -118,8 +130,9 @@ def run_blocks_on_a_thread_pool():
     pool = []
 
     class SimulatedThread(simkernel.BlockThread):
-        """A pool thread: runs one CUDA thread of a block at a time, for any block. Keeps
-        BlockThread's syncthreads_count / _and / _or (they use syncthreads below)."""
+        """A pool thread: runs one CUDA thread of a block at a time, for any block, when its
+        block's turn comes to it (`_go`). Keeps BlockThread's syncthreads_count / _and / _or
+        (they use syncthreads below)."""
 
         def __init__(self, index):
             threading.Thread.__init__(self, name=f"simulated CUDA thread {index}", daemon=True)
@@ -151,7 +164,8 @@ def run_blocks_on_a_thread_pool():
                     for barrier in (m._block, m._groups[self._group]):
                         barrier.alive -= 1
                         if barrier.waiting and barrier.waiting == barrier.alive:
-                            barrier.release()
+                            barrier.release(m._ready)
+                    _pass_turn(m)
                     if m._block.alive == 0 or (self.exception is not None
                                          and m._failed is self.exception):
                         m._done.notify_all()
@@ -162,27 +176,52 @@ def run_blocks_on_a_thread_pool():
         def warpgroup_sync(self):
             _wait_at(self, self._manager._groups[self._group])
 
+    def _pass_turn(m):
+        """Under m._lock, from the running thread as it stops (at a barrier, its end, a
+        yield): the next ready thread of the block runs."""
+        if m._ready:
+            m._ready.popleft()._go.release()
+
+    def _sleep(thread, m):
+        """The calling thread (it has passed its turn on) waits for its next turn."""
+        thread._go.acquire()
+        if m._abort:
+            raise RuntimeError("abort flag set on syncthreads clear")
+
     def _wait_at(thread, barrier):
-        """`thread` at `barrier` (its block's or its warpgroup's) until all live members are."""
+        """`thread` at `barrier` (its block's or its warpgroup's) until all live members are:
+        the last to arrive opens it and runs on; the others pass their turn on and sleep."""
         m = thread._manager
-        lock = None
         with m._lock:
             if m._abort:
                 raise RuntimeError("abort flag set on syncthreads call")
             barrier.waiting += 1
             if barrier.waiting == barrier.alive:
-                barrier.release()
-            else:                           # sleep on a lock of this thread's own, taken
-                lock = threading.Lock()     # here and given back by release()
-                lock.acquire()
-                queue, place = barrier.sleepers, len(barrier.sleepers)
-                queue.append(lock)
-        if lock is not None:
-            lock.acquire()
-            if place + 1 < len(queue):
-                queue[place + 1].release()
-        if m._abort:
-            raise RuntimeError("abort flag set on syncthreads clear")
+                barrier.release(m._ready)
+                return
+            if not m._ready:                # every other live thread sleeps at a barrier
+                raise RuntimeError(
+                    "every thread of the block waits at a barrier that cannot open (on a GPU "
+                    "the block would hang): threads wait at different barriers")
+            barrier.sleepers.append(thread)
+            _pass_turn(m)
+        _sleep(thread, m)
+
+    def yield_turn():
+        """The calling simulated thread lets the block's other ready threads run before it
+        goes on (a thread waiting for what another thread does, such as an mbarrier phase).
+        False, at once, when no other thread is ready: none can run before it goes on."""
+        thread = threading.current_thread()
+        m = thread._manager
+        with m._lock:
+            if m._abort:
+                raise RuntimeError("abort flag set on a wait")
+            if not m._ready:
+                return False
+            m._ready.append(thread)
+            _pass_turn(m)
+        _sleep(thread, m)
+        return True
 
     def run(self, grid_point, *args):
         layout = _block_layout(tuple(self._block_dim))
@@ -202,17 +241,22 @@ def run_blocks_on_a_thread_pool():
             if group not in self._groups:
                 self._groups[group] = _Barrier(0)
             self._groups[group].alive += 1
-        for t in threads:
-            t._go.release()
+        # one thread runs at a time, in turns: the first now, the rest as each stops
+        self._ready = collections.deque(threads[1:])
+        threads[0]._go.release()
         with self._lock:
             while self._block.alive and self._failed is None:
                 self._done.wait()
             failed = self._failed
             if failed is not None:
-                self._abort = True          # the waiters see the abort and raise
-                self._block.release()
-                for group in self._groups.values():
-                    group.release()
+                self._abort = True          # every sleeper wakes and raises
+                sleepers = [*self._ready, *self._block.sleepers,
+                            *(t for g in self._groups.values() for t in g.sleepers)]
+                self._ready.clear()
+                for barrier in (self._block, *self._groups.values()):
+                    barrier.sleepers = []
+                for t in sleepers:
+                    t._go.release()
                 while self._block.alive:    # every thread back in the pool before it is reused
                     self._done.wait()
         if failed is not None:
@@ -220,6 +264,19 @@ def run_blocks_on_a_thread_pool():
 
     run._pooled = True
     manager.run = run
+    global _yield_turn
+    _yield_turn = yield_turn
+
+
+_yield_turn = None
+
+
+def yield_turn():
+    """Inside a simulated kernel: let the block's other ready threads run before the calling
+    thread goes on; False (at once) when none is ready. A thread that waits for what another
+    of its block does, other than at a barrier (an mbarrier's phase), calls it in its wait:
+    the block's threads run one at a time, each until it stops."""
+    return _yield_turn()
 
 
 def swap_device_modules_once_per_launch():
@@ -278,19 +335,31 @@ def cast_scalars_directly():
     """numba's scalar types called on a value on the simulator (`float32(x)`, `uint32(i)`, in
     every kernel's inner loops) go straight to NumPy's scalar type, as Type.__call__ ends up
     doing after an import statement and a call of its own each time (a tenth of a simulated
-    wgmma16 kernel's time). Called on types (a signature) they do what they did. Idempotent;
-    nothing on a GPU."""
+    wgmma16 kernel's time); a value of a plain scalar type is recognized by its type alone
+    (numba's Type is an ABC: isinstance against it cost more than the cast), and one that is
+    the NumPy type already is returned as it is (scalars are immutable). Called on types (a
+    signature) they do what they did. Idempotent; nothing on a GPU."""
     if not SIMULATOR:
         return
     from numba.core import types
+    plain = {float, int, bool, np.bool_, *(getattr(np, n) for n in (
+        "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
+        "uint16", "uint32", "uint64"))}
     for cls in (types.Integer, types.Float):
         if getattr(cls.__call__, "_direct", False):
             continue
         make_signature = cls.__call__
+        casts = {}          # numba type -> its NumPy scalar type
 
-        def __call__(self, *args, _make_signature=make_signature):
-            if len(args) == 1 and not isinstance(args[0], types.Type):
-                return getattr(np, self.name)(args[0])      # cast_python_value
+        def __call__(self, *args, _make_signature=make_signature, _casts=casts):
+            if len(args) == 1:
+                a = args[0]
+                t = type(a)
+                if t in plain or not isinstance(a, types.Type):
+                    cast = _casts.get(self)
+                    if cast is None:
+                        cast = _casts[self] = getattr(np, self.name)
+                    return a if t is cast else cast(a)      # cast_python_value
             return _make_signature(self, *args)
         __call__._direct = True
         cls.__call__ = __call__

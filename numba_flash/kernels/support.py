@@ -5,7 +5,6 @@ and P recomputed from lse (every backward's)."""
 import contextlib
 import functools
 import math
-import sys
 import threading
 
 import numba
@@ -245,44 +244,6 @@ def make_recompute_p(T, causal, base2=False):
     return recompute_p if SIMULATOR else cuda.jit(device=True, forceinline=True)(recompute_p)
 
 
-@contextlib.contextmanager
-def simulator_switch_interval(seconds=5e-3):
-    """On the simulator: the GIL switch interval while a Hopper kernel runs (nothing on a
-    GPU). The simulator runs one Python thread per CUDA thread, and every device-function call
-    took a per-module lock (numba-cuda's swapped_cuda_module; once a launch since
-    simulator.py, 2026-12-06). While a barrier woke the whole
-    block at once, a preempted lock holder stalled the others for a whole interval, and 0.1 ms
-    (not the default 5 ms) made the Hopper kernels' tests minutes faster (19 s for a whole
-    problem, 2026-11-30). Since the barrier wakes its sleepers in a chain (a thread or two
-    runnable at a time, simulator.py), the default is the faster
-    one again: on this 2-core machine, 2026-12-05, 0.1 ms / 1 ms / 5 ms / 20 ms took 20.2 /
-    19.2 / 16.4 / - s (a wgmma16 tolerance test), 41.6 / 35.0 / 30.4 / - s (a wgmma16
-    backward property), 37.9 / - / 33.4 / 33.5 s (a float32 wgmma backward property) and
-    72.1 / - / 49.5 / 49.2 s (backward16's dQ in flight), with a quarter of the system time.
-    So 5 ms, Python's own default: kept as a setting here, not left to whatever the process
-    has, since the kernels' tests were timed with it. Around the Hopper kernels' launches
-    only, as before."""
-    if not SIMULATOR:
-        yield
-        return
-    # threads may launch at once: the first to enter saves the process's interval, the last
-    # to leave puts it back (a save per call would let one thread restore another's setting
-    # and leave the process with it)
-    with _switch_lock:
-        if _switch_users[0] == 0:
-            _switch_users[1] = sys.getswitchinterval()
-            sys.setswitchinterval(seconds)
-        _switch_users[0] += 1
-    try:
-        yield
-    finally:
-        with _switch_lock:
-            _switch_users[0] -= 1
-            if _switch_users[0] == 0:
-                sys.setswitchinterval(_switch_users[1])
-
-
-_switch_lock = threading.Lock()
 _simulator_lock = threading.RLock()
 
 
@@ -296,26 +257,3 @@ def simulator_exclusive():
         return
     with _simulator_lock:
         yield
-
-_switch_users = [0, None]          # [launches inside simulator_switch_interval, saved interval]
-
-
-class _SwitchIntervalLaunch:
-    """kernel[grid, block](*args) run under simulator_switch_interval."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getitem__(self, config):
-        launch = self.kernel[config]
-
-        def run(*args):
-            with simulator_switch_interval():
-                launch(*args)
-        return run
-
-
-def simulator_launch(kernel):
-    """A launchable kernel that runs under simulator_switch_interval on the simulator (the
-    kernel itself on a GPU)."""
-    return _SwitchIntervalLaunch(kernel) if SIMULATOR else kernel

@@ -47,16 +47,22 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     should_stop() -> True, asked before each example runs, ends the search there (a deadline;
     the examples run so far stand; such a search reports nothing itself, Verbosity.quiet:
     Hypothesis would take the stop for an error and print a seed to reproduce it).
-    dtypes: the input dtypes to draw from (default every one the API takes; those the pair
-    cannot run are left out). regimes: the logit regimes to draw from (strategies.REGIMES).
-    settings_kw override the loaded profile (max_examples)."""
+    dtypes: the input dtypes to draw from (default every one the API takes; of those, the
+    ones the pair runs itself, else the ones it runs through its fallback). regimes: the
+    logit regimes to draw from (strategies.REGIMES). settings_kw override the loaded profile
+    (max_examples)."""
     from .. import registry
     func, kind, prop_tiles = PROPERTIES[prop]
     if tiles == "auto":
         tiles = prop_tiles
-    # the dtypes the pair runs (a variant without a fallback, like a mutant of the float32
-    # Hopper pair, raises for the others); the head dims too, case by case (assume)
-    dtypes = tuple(dt for dt in dtypes if registry.runs(kernel, 1, dt))
+    # the dtypes the pair runs itself, where it runs any here (a dtype it hands to its
+    # fallback is the fallback's search: wgmma16 drew float32 and float64 too, and ran
+    # wgmma's and fa2's kernels on them), else those it runs through a fallback (a variant
+    # without one, like a mutant of the float32 Hopper pair, raises for the others); the head
+    # dims case by case (assume)
+    dtypes = (tuple(dt for dt in dtypes if registry.runs_itself(
+                  registry.PAIRS[kernel], 1, dt, registry.current_device()))
+              or tuple(dt for dt in dtypes if registry.runs(kernel, 1, dt)))
     if not dtypes:
         raise ValueError(f"kernel {kernel!r} runs none of the dtypes asked for")
 

@@ -31,9 +31,8 @@ from numba import cuda, float32
 
 from ..backward import run_preprocess
 from ..mma import split_tf32
-from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, device_function,
-                       head_grid, head_index, kernel_jit, make_recompute_p,
-                       simulator_switch_interval)
+from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, device_function, head_grid,
+                       head_index, kernel_jit, make_recompute_p)
 from ..vector_io import AlignedDispatch
 from ..vector_io import add2 as red_add2
 from .dq import run_dq
@@ -520,9 +519,8 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     D = arrays.empty_device((bh, nq), q.dtype)
     run_preprocess(dout, out, D, dq, clear=not deterministic, stream=stream)
     kernel, threads = dkdv_launcher(d > D_PAD, bool(causal), not deterministic, bool(half))
-    with simulator_switch_interval():
-        kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads, stream](
-            q, k, v, dout, lse, D, dk, dv, dq, np.float32(scale), heads, group)
+    kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads, stream](
+        q, k, v, dout, lse, D, dk, dv, dq, np.float32(scale), heads, group)
     if deterministic:
         run_dq(dout, q, k, v, lse, D, dq, scale=scale, heads=heads, group=group,
                causal=causal, stream=stream, half=half)

@@ -53,10 +53,9 @@ from numba import cuda, float32, uint16, uint32, uint64
 from ..backward_fa2 import (check_tiles as fa2_check, run_backward as run_fa2,
                             shared_bytes as fa2_shared_bytes)
 from ..mma16 import engine
-from ..support import (ALIGN, NEG_INF, SHARED_PER_BLOCK_LEAST, SIMULATOR, U, Launcher,
-                       ceil_div, exp2_approx, head_grid, head_index, inlined_device_function,
-                       kernel_jit, make_recompute_p, simulator_launch,
-                       simulator_switch_interval)
+from ..support import (ALIGN, NEG_INF, SHARED_PER_BLOCK_LEAST, SIMULATOR, U, Launcher, ceil_div,
+                       exp2_approx, head_grid, head_index, inlined_device_function, kernel_jit,
+                       make_recompute_p)
 from ..vector_io import AlignedDispatch, add2, make_copies_wait
 from ..backward import run_preprocess
 from .backward import check_tiles, run_backward as run_tf32, tiles
@@ -489,7 +488,7 @@ def make_dkdv_kernel(D, causal, fmt, asynchronous, products="wgmma"):
         if D > HALF_D:
             store_dkdv_half(dk, dv, dk_acc, dv_acc, 8, hk, j0, j1, col_t, nk, d, scale)
 
-    return simulator_launch(Launcher(dkdv16, NBYTES))
+    return Launcher(dkdv16, NBYTES)
 
 
 @functools.lru_cache(maxsize=None)
@@ -521,11 +520,10 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
     Dsum = arrays.empty_device((bh, nq), np.float32)
-    with simulator_switch_interval():
-        run_preprocess(dout, out, Dsum, dq, clear=True, stream=stream, load=make_load(fmt))
-        kernel = dkdv_launcher(64 if d <= 64 else 128, bool(causal), fmt, products)
-        kernel[(ceil_div(nk, BLOCK_N), *head_grid(bhk)), THREADS, stream](
-            q, k, v, dout, lse, Dsum, dk, dv, dq, np.float32(scale), heads, group)
+    run_preprocess(dout, out, Dsum, dq, clear=True, stream=stream, load=make_load(fmt))
+    kernel = dkdv_launcher(64 if d <= 64 else 128, bool(causal), fmt, products)
+    kernel[(ceil_div(nk, BLOCK_N), *head_grid(bhk)), THREADS, stream](
+        q, k, v, dout, lse, Dsum, dk, dv, dq, np.float32(scale), heads, group)
 
 
 def widened_tiles(d, products, deterministic):

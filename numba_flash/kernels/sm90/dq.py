@@ -19,9 +19,8 @@ import functools
 import numpy as np
 from numba import cuda, float32
 
-from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div,
-                       head_grid, head_index, inlined_device_function, kernel_jit,
-                       kv_head, make_recompute_p, simulator_switch_interval)
+from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, head_grid, head_index,
+                       inlined_device_function, kernel_jit, kv_head, make_recompute_p)
 from ..vector_io import AlignedDispatch
 from .forward import BLOCK_M_WIDE, STAGE_LOADS, split_ds_chain
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add,
@@ -262,6 +261,5 @@ def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal, stream=0, 
     `stream`; half: as sm90.backward.run_backward's."""
     bh, nq, d = q.shape
     kernel, threads, block_m = launcher(d > D_PAD, bool(causal), bool(half))
-    with simulator_switch_interval():
-        kernel[(ceil_div(nq, block_m), *head_grid(bh)), threads, stream](
-            q, k, v, dout, lse, D, dq, np.float32(scale), heads, group)
+    kernel[(ceil_div(nq, block_m), *head_grid(bh)), threads, stream](
+        q, k, v, dout, lse, D, dq, np.float32(scale), heads, group)

@@ -28,9 +28,8 @@ from numba import cuda, float32
 from reference.precision import half_format
 
 from ..mma import split_tf32, split_tf32_nan_elsewhere
-from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher,
-                       head_index, inlined_device_function, kernel_jit, kv_head,
-                       simulator_launch)
+from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index, inlined_device_function,
+                       kernel_jit, kv_head)
 from ..vector_io import AlignedDispatch
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, TILE, add, clear, make_lean_s,
                        make_stage, make_wide_s)
@@ -200,7 +199,7 @@ def make_lean_kernel(causal, half=False):
             if i < nq and c < d:
                 out[bh, i, c] = o_acc[j] * (inv1 if h else inv0)
 
-    return simulator_launch(Launcher(forward_wgmma, NBYTES)), WARPGROUP
+    return Launcher(forward_wgmma, NBYTES), WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)
@@ -326,7 +325,7 @@ def make_wide_kernel(causal, vector_loads, half=False):
                 if c + U(D_PAD) < d:
                     out[bh, i, c + U(D_PAD)] = o1[j] * inv
 
-    return simulator_launch(Launcher(forward_wgmma_wide, WIDE_NBYTES)), 2 * WARPGROUP
+    return Launcher(forward_wgmma_wide, WIDE_NBYTES), 2 * WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)

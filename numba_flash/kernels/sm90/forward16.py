@@ -58,8 +58,8 @@ from numba import cuda, float32, uint16, uint32, uint64
 
 from reference.precision import half_format
 
-from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index,
-                       inlined_device_function, kernel_jit, kv_head, simulator_launch)
+from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index, inlined_device_function,
+                       kernel_jit, kv_head)
 from ..vector_io import AlignedDispatch, aligned, make_copies_wait
 from .operands import BLOCK, REGS
 from .softmax import FLT_MAX, LAZY_LOG2, LOG2E, make_finish_rows, make_online_softmax_lazy
@@ -389,7 +389,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False):
                     if c + U(1) < d:
                         out[bh, i, c + U(1)] = uint16(word >> U(16))
 
-    return simulator_launch(Launcher(forward16, NBYTES))
+    return Launcher(forward16, NBYTES)
 
 
 class _Launch:

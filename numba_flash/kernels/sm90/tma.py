@@ -35,17 +35,20 @@ mbarriers (8 bytes of shared memory each, at byte offsets `at` of the shared arr
 
 On the simulator a box is copied when it is started (so a tile overwritten while a wgmma reads
 it fails wgmma16's in-flight check) and the mbarriers are Python objects with the same phase
-rule; a wait that would hang on a GPU raises MbarrierHang after HANG_SECONDS.
+rule; a wait that would hang on a GPU raises MbarrierHang: at once when no other thread of
+the block is left to run, else after HANG_SECONDS.
 """
 
 import collections
 import functools
 import threading
+import time
 
 import numpy as np
 from numba import cuda, int32, types, uint32, uint64
 
 from ..launch import DeviceView
+from ..simulator import yield_turn
 from ..support import SIMULATOR, U, device_function
 from ..vector_io import aligned, data_pointer
 
@@ -152,10 +155,10 @@ if SIMULATOR:
 
         def __init__(self, count):
             self.count, self.pending, self.tx, self.completed = count, count, 0, 0
-            self.cond = threading.Condition()
+            self.lock = threading.Lock()
 
         def update(self, arrivals, tx):
-            with self.cond:
+            with self.lock:
                 self.pending -= arrivals
                 self.tx += tx
                 if self.pending < 0:
@@ -163,7 +166,6 @@ if SIMULATOR:
                 if self.pending == 0 and self.tx == 0:
                     self.completed += 1
                     self.pending = self.count
-                    self.cond.notify_all()
 
     _mbarriers = {}
     _mbarriers_lock = threading.Lock()
@@ -204,9 +206,12 @@ if SIMULATOR:
 
     @device_function
     def mbarrier_wait(sh, at, parity):
+        # the block's other threads take their turns until the phase completes; it never
+        # will when none is left to run, or after HANG_SECONDS of turns
         bar = _get(sh, at)
-        with bar.cond:
-            if not bar.cond.wait_for(lambda: bar.completed % 2 != int(parity), HANG_SECONDS):
+        deadline = time.monotonic() + HANG_SECONDS
+        while bar.completed % 2 == int(parity):
+            if not yield_turn() or time.monotonic() > deadline:
                 raise MbarrierHang(f"the mbarrier at byte {int(at)}: phase of parity "
                                    f"{int(parity)} never completed ({bar.completed} phases "
                                    f"done, {bar.pending} arrivals and {bar.tx} bytes pending)")
