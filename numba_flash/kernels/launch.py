@@ -19,6 +19,10 @@
   array argument: meminfo, parent, size, itemsize, data pointer, shape, strides in bytes (the
   layout of Numba's array struct), scalars as ctypes values; cuda.core then launches. Other
   arrays (Numba's DeviceNDArray) go through the specialization's own Numba launch.
+* **Nothing made twice.** The specialization is keyed by the current context's handle (one
+  cuCtxGetCurrent, where Numba's get_context() took a lock and several driver calls); the
+  normalized grid and block and cuda.core's LaunchConfig are kept a (grid, block), and
+  cuda.core's wrapper of a stream a handle (Numba's _to_core_stream made one a launch).
 
 Host time of one API forward on the H200's host before this: about 0.4-0.8 ms, most of it in
 the dispatcher's typing, the opt-in's typing and the per-argument device-array views
@@ -49,7 +53,7 @@ class DeviceView:
     __cuda_array_interface__ (no stream: work on it is ordered by the caller), so that Numba,
     torch or CuPy can take it too."""
 
-    __slots__ = ("ptr", "shape", "dtype", "owner", "pool_owner")
+    __slots__ = ("ptr", "shape", "dtype", "owner", "pool_owner", "_strides")
 
     def __init__(self, ptr, shape, dtype, owner=None):
         self.ptr = int(ptr)
@@ -57,6 +61,7 @@ class DeviceView:
         self.dtype = np.dtype(dtype)
         self.owner = owner
         self.pool_owner = None
+        self._strides = None
 
     @property
     def ndim(self):
@@ -72,12 +77,15 @@ class DeviceView:
 
     @property
     def strides(self):
-        """C-contiguous strides in bytes."""
-        strides, step = [], self.dtype.itemsize
-        for s in reversed(self.shape):
-            strides.append(step)
-            step *= s
-        return tuple(reversed(strides))
+        """C-contiguous strides in bytes (made at the first read: a launch reads them a few
+        times a view, for alignment, tensor maps and packing)."""
+        if self._strides is None:
+            strides, step = [], self.dtype.itemsize
+            for s in reversed(self.shape):
+                strides.append(step)
+                step *= s
+            self._strides = tuple(reversed(strides))
+        return self._strides
 
     def reshape(self, *shape):
         """The same memory with another shape of the same size (a tuple or sizes)."""
@@ -183,7 +191,8 @@ class Launcher:
         self.kernel = dispatcher
         self.nbytes = int(nbytes)
         self.check = check
-        self._compiled = {}     # (device id, argument keys) -> (kernel, cuda.core kernel, packers)
+        self._compiled = {}     # (context, argument keys) -> (kernel, cuda.core kernel, packers)
+        self._configs = {}      # (grid, block) as given -> _launch_config's
 
     def __getattr__(self, name):
         if name == "kernel":                # not set yet (unpickling): no recursion
@@ -196,6 +205,8 @@ class Launcher:
                              f"dynamic shared memory is the launcher's, {self.nbytes} bytes), "
                              f"got {len(config)} values")
         grid, block, stream = (*config, 0)[:3]
+        # (hashable: a launch's normalized dimensions are kept by them)
+        grid, block = (tuple(x) if isinstance(x, list) else x for x in (grid, block))
 
         def launch(*args):
             if self.check is not None:
@@ -208,10 +219,9 @@ class Launcher:
 
     def specialization(self, args):
         """(compiled Numba kernel, its cuda.core kernel, packers or None) for these
-        arguments on the current device: compiled, loaded and opted in on first use, under
-        one lock."""
-        from numba.cuda.cudadrv import devices
-        key = (devices.get_context().device.id, tuple(map(arg_key, args)))
+        arguments in the current CUDA context: compiled, loaded and opted in on first use,
+        under one lock."""
+        key = (_current_context(), tuple(map(arg_key, args)))
         entry = self._compiled.get(key)
         if entry is not None:
             return entry
@@ -237,18 +247,60 @@ class Launcher:
 
     def launch(self, args, grid, block, stream=0):
         """Launch on the GPU (what launcher[grid, block, stream](*args) does after check)."""
-        from cuda.core import LaunchConfig, launch
-        from numba.cuda.cudadrv.driver import _to_core_stream
-        from numba.cuda.errors import normalize_kernel_dimensions
+        from cuda.core import launch
         kern, cukernel, packers = self.specialization(args)
-        grid, block = normalize_kernel_dimensions(grid, block)
-        stream = _to_core_stream(stream)
+        dims = self._configs.get((grid, block))
+        if dims is None:
+            dims = _launch_config(grid, block, self.nbytes)
+            if len(self._configs) >= 1024:      # a process that met many shapes
+                self._configs.clear()
+            self._configs[(grid, block)] = dims
+        grid, block, config = dims
         if packers is None:
             Launcher.numba_launches += 1
-            kern.launch(args, grid, block, stream, self.nbytes)
+            kern.launch(args, grid, block, _core_stream(stream), self.nbytes)
             return
         packed = []
         for pack, a in zip(packers, args):
             pack(a, packed)
-        launch(stream, LaunchConfig(grid=grid, block=block, shmem_size=self.nbytes), cukernel,
-               *packed)
+        launch(_core_stream(stream), config, cukernel, *packed)
+
+
+def _current_context():
+    """The current CUDA context's handle (an int), made current as Numba makes it when there
+    is none: what a loaded kernel belongs to. cuCtxGetCurrent alone, where Numba's
+    get_context() took a lock and several driver calls at every launch."""
+    from cuda.bindings import driver
+    err, ctx = driver.cuCtxGetCurrent()
+    handle = int(ctx) if err == driver.CUresult.CUDA_SUCCESS and ctx is not None else 0
+    if not handle:
+        from numba.cuda.cudadrv import devices
+        handle = int(devices.get_context().handle)
+    return handle
+
+
+def _launch_config(grid, block, nbytes):
+    """(grid, block, cuda.core's LaunchConfig) of a launch as Numba takes grid and block
+    (ints or tuples of up to three), the first two as Numba normalizes them."""
+    from cuda.core import LaunchConfig
+    from numba.cuda.errors import normalize_kernel_dimensions
+    grid, block = normalize_kernel_dimensions(grid, block)
+    return grid, block, LaunchConfig(grid=grid, block=block, shmem_size=nbytes)
+
+
+_core_streams = {}      # (context, CUstream handle) -> cuda.core's Stream over it
+
+
+def _core_stream(stream):
+    """cuda.core's Stream of a Numba stream or 0 (the default stream), one wrapper a handle
+    and context: Numba's _to_core_stream makes a new one at every call."""
+    from numba.cuda.cudadrv.driver import Stream, _to_core_stream
+    if stream and type(stream) is not Stream:
+        return _to_core_stream(stream)
+    key = (_current_context(), int(stream.handle or 0) if stream else 0)
+    core = _core_streams.get(key)
+    if core is None:
+        if len(_core_streams) >= 64:        # a process that made many streams
+            _core_streams.clear()
+        core = _core_streams[key] = _to_core_stream(stream)
+    return core
