@@ -226,8 +226,18 @@ def _torch_bfloat16():
 
 
 def _torch_dtype(dtype):
-    import torch
-    return getattr(torch, np.dtype(dtype).name)
+    """torch's dtype of the same name as NumPy's `dtype` (kept a dtype: a NumPy dtype's name
+    is made in Python at every read)."""
+    found = _TORCH_OF_NUMPY.get(dtype)
+    if found is None:
+        import torch
+        found = getattr(torch, np.dtype(dtype).name)
+        if isinstance(dtype, np.dtype):
+            _TORCH_OF_NUMPY[dtype] = found
+    return found
+
+
+_TORCH_OF_NUMPY = {}
 
 
 def _must_sync(stream, stream_ptr=0):

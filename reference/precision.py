@@ -20,8 +20,18 @@ HALF_UNIT_ROUNDOFF = {"float16": 2.0 ** -11, "bfloat16": 2.0 ** -8}   # half a u
 def half_format(dtype):
     """"float16" or "bfloat16" for a half dtype (NumPy's float16, ml_dtypes' bfloat16), else
     None."""
-    name = np.dtype(dtype).name
-    return name if name in HALF_FORMATS else None
+    try:
+        return _half_formats[dtype]
+    except (KeyError, TypeError):       # (TypeError: an unhashable description of a dtype)
+        pass
+    name = np.dtype(dtype).name         # (a dtype's name is made in Python at every read)
+    found = name if name in HALF_FORMATS else None
+    if isinstance(dtype, np.dtype):
+        _half_formats[dtype] = found
+    return found
+
+
+_half_formats = {}      # np.dtype -> half_format's answer (the API asks a few times a call)
 
 
 TF32_DROPPED_BITS = 13      # float32's low mantissa bits that TF32 drops
