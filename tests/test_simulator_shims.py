@@ -246,3 +246,33 @@ def test_threads_waiting_at_barriers_that_cannot_open_raise_instead_of_hanging()
 
     with pytest.raises(RuntimeError, match="cannot open"):
         _within(60, lambda: crossed[1, 2](np.zeros(2, np.int64)))
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a shim of the simulator")
+def test_a_thread_that_ends_leaving_barriers_that_cannot_open_raises_and_none_starts_late():
+    from numba_flash.kernels import simulator
+    started = []
+
+    @cuda.jit
+    def crossed_then_end(out):
+        # thread 0 waits for its block, thread 1 for its warpgroup, thread 2 ends: then no
+        # thread can run (a GPU would hang)
+        t = cuda.threadIdx.x
+        if t == 0:
+            cuda.syncthreads()
+        elif t == 1:
+            simulator.warpgroup_barrier()
+        out[t] = 1
+
+    with pytest.raises(RuntimeError, match="cannot open"):
+        _within(60, lambda: crossed_then_end[1, 3](np.zeros(3, np.int64)))
+
+    @cuda.jit
+    def first_fails(out):
+        # thread 0 fails in its first turn: the rest, woken by the abort, do not run the kernel
+        started.append(cuda.threadIdx.x)
+        out[cuda.threadIdx.x + (100 if cuda.threadIdx.x == 0 else 0)] = 1
+
+    with pytest.raises(IndexError, match=r"tid=\[0, 0, 0\]"):
+        _within(60, lambda: first_fails[1, 16](np.zeros(16, np.int64)))
+    assert started == [0]

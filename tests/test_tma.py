@@ -89,13 +89,18 @@ def test_simulated_mbarrier_wait_on_a_phase_that_never_completes_raises(monkeypa
     @cuda.jit
     def hang(out):
         sh = cuda.shared.array(0, uint16)
-        tma.mbarrier_init(sh, 0, 1)
-        tma.mbarrier_expect_tx(sh, 0, 16)      # one arrival, 16 bytes that never come
+        if cuda.threadIdx.x == 0:
+            tma.mbarrier_init(sh, 0, 1)
+            tma.mbarrier_expect_tx(sh, 0, 16)  # one arrival, 16 bytes that never come
+        cuda.syncthreads()
         tma.mbarrier_wait(sh, 0, 0)
-        out[0] = 1
+        out[cuda.threadIdx.x] = 1
 
-    with pytest.raises(tma.MbarrierHang, match="never completed"):
-        hang[1, 1, 0, NBYTES](np.zeros(1, np.int32))
+    # one thread: nothing else of its block can run, so the wait raises at once; two: each
+    # yields its turn to the other until HANG_SECONDS have passed
+    for threads in (1, 2):
+        with pytest.raises(tma.MbarrierHang, match="never completed"):
+            hang[1, threads, 0, NBYTES](np.zeros(2, np.int32))
 
 
 def test_tma_ready_takes_16_byte_aligned_rows_and_strides():

@@ -56,7 +56,8 @@ def lock_simulator_shared_arrays():
     computes garbage. Seen on a loaded 2-core machine (2026-12-02: the rowwise forward once
     returned lse of 1.6e7, passing when re-run alone; the tiled kernels failed three tests
     under a shorter switch interval, 2026-11-30). A lock around the lookup makes it a
-    lookup again."""
+    lookup again. Since a block's threads run in turns (run_blocks_on_a_thread_pool) two of
+    them no longer look up at once; the lock stays as the safeguard it costs little to be."""
     if not SIMULATOR:
         return
     from numba.cuda.simulator import kernelapi
@@ -116,6 +117,10 @@ def _block_layout(block_dim):
     return tuple(layout)
 
 
+_CANNOT_OPEN = ("every live thread of the block waits at a barrier that cannot open (on a GPU "
+                "the block would hang): threads wait at different barriers")
+
+
 def run_blocks_on_a_thread_pool():
     """Replace numba-cuda's BlockManager.run (a block: make and start a thread per CUDA thread,
     busy-poll them) with the pool and barriers of this module's docstring (idempotent;
@@ -148,6 +153,8 @@ def run_blocks_on_a_thread_pool():
                 m = self._manager
                 self.state, self.exception = {}, None
                 try:
+                    if m._abort:                     # woken by an abort before its first turn
+                        raise RuntimeError("abort flag set before the thread started")
                     if m._debug:                     # as BlockThread's debug wrapper
                         with np.errstate(divide="raise"):
                             m._f(*m._args)
@@ -165,9 +172,14 @@ def run_blocks_on_a_thread_pool():
                         barrier.alive -= 1
                         if barrier.waiting and barrier.waiting == barrier.alive:
                             barrier.release(m._ready)
-                    _pass_turn(m)
-                    if m._block.alive == 0 or (self.exception is not None
-                                         and m._failed is self.exception):
+                    if not m._ready and m._block.alive and m._failed is None:
+                        # the rest sleep at barriers that cannot open now (a GPU would hang)
+                        m._failed = (RuntimeError(_CANNOT_OPEN), None)
+                    if m._failed is None:
+                        _pass_turn(m)
+                    else:                            # the launching thread aborts the rest
+                        m._done.notify_all()
+                    if m._block.alive == 0:
                         m._done.notify_all()
 
         def syncthreads(self):
@@ -195,14 +207,12 @@ def run_blocks_on_a_thread_pool():
         with m._lock:
             if m._abort:
                 raise RuntimeError("abort flag set on syncthreads call")
-            barrier.waiting += 1
-            if barrier.waiting == barrier.alive:
+            if barrier.waiting + 1 == barrier.alive:
                 barrier.release(m._ready)
                 return
             if not m._ready:                # every other live thread sleeps at a barrier
-                raise RuntimeError(
-                    "every thread of the block waits at a barrier that cannot open (on a GPU "
-                    "the block would hang): threads wait at different barriers")
+                raise RuntimeError(_CANNOT_OPEN)
+            barrier.waiting += 1
             barrier.sleepers.append(thread)
             _pass_turn(m)
         _sleep(thread, m)

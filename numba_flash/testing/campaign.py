@@ -60,8 +60,9 @@ def search(prop, kernel, size, on_outcome=None, raise_on_failure=True, tiles="au
     # wgmma's and fa2's kernels on them), else those it runs through a fallback (a variant
     # without one, like a mutant of the float32 Hopper pair, raises for the others); the head
     # dims case by case (assume)
-    dtypes = (tuple(dt for dt in dtypes if registry.runs_itself(
-                  registry.PAIRS[kernel], 1, dt, registry.current_device()))
+    pair = registry.PAIRS.get(kernel)         # (None for "auto", which resolves case by case)
+    dtypes = (tuple(dt for dt in dtypes if pair is not None and registry.runs_itself(
+                  pair, 1, dt, registry.current_device()))
               or tuple(dt for dt in dtypes if registry.runs(kernel, 1, dt)))
     if not dtypes:
         raise ValueError(f"kernel {kernel!r} runs none of the dtypes asked for")
