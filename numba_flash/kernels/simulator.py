@@ -28,8 +28,9 @@ kernel's own arithmetic is what CI waits for. Patched here, once at import:
 - `thread_state()`: a simulated thread's own dict, empty at the start of each block (what the
   instruction models keep per thread: wgmma's exchange turns, wgmma16's products in flight).
 
-A thread that raises ends its block: the others raise at their next barrier, the launching
-thread waits until every thread of the block has finished and raises the first exception
+A thread that raises ends its block: it passes no turn on; the launching thread wakes every
+other thread, which raises where it sleeps (a thread yet to take its first turn skips the
+kernel), waits until every thread of the block has finished and raises the first exception
 (tid and ctaid in its message, as numba-cuda words it).
 """
 
