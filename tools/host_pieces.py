@@ -1,0 +1,95 @@
+"""Host µs of each piece of one API forward of the 16-bit Hopper pair on the TMA path
+(wgmma16, bfloat16, d = 64, causal, N = 1k; B = 16, H = 32), each timed alone in a loop
+without synchronization: the calls' memo, the registry's factory, the stream lookup, the two
+allocations, the three array imports, the TMA checks and the tensor maps' cache, the results'
+return, the Launcher's specialization lookup and argument packing, and the driver and Numba
+calls a launch made before 2026-12-06 (get_context, _to_core_stream, dimensions, LaunchConfig).
+Rows that launch a kernel are bound by the GPU in such a loop (~119 µs on an H100 here), not
+by the host: they are the kernel's throughput, printed as a reminder.
+
+    python tools/host_pieces.py
+
+Run on an H100, 2026-12-06 (notebooks/data/host-time-maps-h100-2026-12-06.txt).
+"""
+
+import numpy as np
+from call_time import per_call_us  # (tools/, beside this script)
+
+
+def us(f, reps=2000):
+    """Host µs a call of f (call_time.per_call_us, more calls)."""
+    return per_call_us(f, reps)
+
+
+def main():
+    import ctypes
+
+    import torch
+    from cuda.bindings import driver
+    from cuda.core import LaunchConfig
+    from numba.cuda.cudadrv import devices
+    from numba.cuda.cudadrv.driver import _to_core_stream
+    from numba.cuda.errors import normalize_kernel_dimensions
+
+    from numba_flash import api, arrays, flash_attention_forward, registry
+    from numba_flash.kernels.sm90 import forward16, tma
+    from numba_flash.kernels.support import ceil_div, head_grid
+
+    b, h, n, d = 16, 32, 1024, 64
+    q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    rows = {"API forward (kernel)": us(
+        lambda: flash_attention_forward(q, k, v, causal=True, kernel="wgmma16"))}
+    pair = registry.PAIRS["wgmma16"]
+    bf16 = np.dtype(arrays.BFLOAT16)
+    launch_obj, threads = pair.make_forward(128, 64, d, True, bf16)
+    launcher = launch_obj.tma
+    ptr, stream = arrays.launch_stream(q)
+    shape = (b * h, n, d)
+    dq, dk, dv = (arrays.to_device(x, shape, ptr, as_dtype=np.uint16) for x in (q, k, v))
+    out = arrays.empty_device(shape, arrays.BFLOAT16, like=q, as_dtype=np.uint16)
+    lse = arrays.empty_device((b * h, n), np.float32, like=q)
+    maps = tma.tensor_maps((dq, dk, dv), stream)
+    grid = (ceil_div(n, 128), *head_grid(b * h))
+    args = (dq, dk, dv, out, lse, np.float32(0.125 * np.log2(np.e)), h, 1, maps)
+    options = ("forward", True, type(None), None, type(None), None, type(None), None, str,
+               "wgmma16")
+    rows["memo key + recall"] = us(lambda: api._recall(api._memo_key((q, k, v), options)))
+    rows["pair.make_forward"] = us(lambda: pair.make_forward(128, 64, d, True, bf16))
+    rows["launch_stream"] = us(lambda: arrays.launch_stream(q))
+    rows["empty_device out"] = us(
+        lambda: arrays.empty_device(shape, arrays.BFLOAT16, like=q, as_dtype=np.uint16))
+    rows["empty_device lse"] = us(lambda: arrays.empty_device((b * h, n), np.float32, like=q))
+    rows["to_device x3"] = us(
+        lambda: [arrays.to_device(x, shape, ptr, as_dtype=np.uint16) for x in (q, k, v)])
+    rows["tma_ready + aligned"] = us(lambda: tma.tma_ready(dq, dk, dv) and forward16.aligned(out))
+    rows["tensor_maps (kept)"] = us(lambda: tma.tensor_maps((dq, dk, dv), stream))
+    rows["from_device x2"] = us(lambda: (arrays.from_device(out, (b, h, n, d), q),
+                                         arrays.from_device(lse, (b, h, n), q)))
+    rows["Launcher.specialization"] = us(lambda: launcher.specialization(args))
+    packers = launcher.specialization(args)[2]
+
+    def pack():
+        packed = []
+        for p, a in zip(packers, args):
+            p(a, packed)
+        return packed
+    rows["packing"] = us(pack)
+    rows["Launcher.launch (kernel)"] = us(lambda: launcher.launch(args, grid, threads, stream))
+    # what a launch called before 2026-12-06, and what replaced the first
+    rows["numba get_context()"] = us(lambda: devices.get_context().device.id)
+    rows["cuCtxGetCurrent (cuda.bindings)"] = us(lambda: driver.cuCtxGetCurrent())
+    context = ctypes.c_void_p()
+    libcuda = ctypes.CDLL("libcuda.so.1")
+    rows["cuCtxGetCurrent (ctypes)"] = us(lambda: libcuda.cuCtxGetCurrent(ctypes.byref(context)))
+    rows["torch.cuda.current_stream"] = us(lambda: torch.cuda.current_stream(q.device))
+    rows["normalize_kernel_dimensions"] = us(lambda: normalize_kernel_dimensions(grid, threads))
+    rows["_to_core_stream"] = us(lambda: _to_core_stream(stream))
+    g, blk = normalize_kernel_dimensions(grid, threads)
+    rows["LaunchConfig"] = us(lambda: LaunchConfig(grid=g, block=blk, shmem_size=launcher.nbytes))
+    print(f"host us a call, wgmma16 bf16 d={d} N={n} causal, on {torch.cuda.get_device_name()}")
+    for name, value in rows.items():
+        print(f"  {name:34s} {value:8.1f}")
+
+
+if __name__ == "__main__":
+    main()
