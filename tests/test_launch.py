@@ -208,7 +208,7 @@ def test_gpu_api_calls_on_torch_tensors_pack_every_launch_themselves(kernel, dty
     # an argument the Launcher cannot pack (a Numba device array: the TMA forward's tensor
     # maps were one until 2026-12-06) sends the launch through Numba's own, a few hundred us
     # of host a call: an API call on torch tensors makes no such launch, forward, backward,
-    # deterministic or not (the first call compiles; the second is counted too)
+    # deterministic or not (first calls, which compile and load, included)
     torch = pytest.importorskip("torch")
     from numba_flash import flash_attention_backward, flash_attention_forward
     from numba_flash.kernels.launch import Launcher

@@ -346,31 +346,19 @@ def cast_scalars_directly():
     """numba's scalar types called on a value on the simulator (`float32(x)`, `uint32(i)`, in
     every kernel's inner loops) go straight to NumPy's scalar type, as Type.__call__ ends up
     doing after an import statement and a call of its own each time (a tenth of a simulated
-    wgmma16 kernel's time); a value of a plain scalar type is recognized by its type alone
-    (numba's Type is an ABC: isinstance against it cost more than the cast), and one that is
-    the NumPy type already is returned as it is (scalars are immutable). Called on types (a
-    signature) they do what they did. Idempotent; nothing on a GPU."""
+    wgmma16 kernel's time). Called on types (a signature) they do what they did. Idempotent;
+    nothing on a GPU."""
     if not SIMULATOR:
         return
     from numba.core import types
-    plain = {float, int, bool, np.bool_, *(getattr(np, n) for n in (
-        "float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8",
-        "uint16", "uint32", "uint64"))}
     for cls in (types.Integer, types.Float):
         if getattr(cls.__call__, "_direct", False):
             continue
         make_signature = cls.__call__
-        casts = {}          # numba type -> its NumPy scalar type
 
-        def __call__(self, *args, _make_signature=make_signature, _casts=casts):
-            if len(args) == 1:
-                a = args[0]
-                t = type(a)
-                if t in plain or not isinstance(a, types.Type):
-                    cast = _casts.get(self)
-                    if cast is None:
-                        cast = _casts[self] = getattr(np, self.name)
-                    return a if t is cast else cast(a)      # cast_python_value
+        def __call__(self, *args, _make_signature=make_signature):
+            if len(args) == 1 and not isinstance(args[0], types.Type):
+                return getattr(np, self.name)(args[0])      # cast_python_value
             return _make_signature(self, *args)
         __call__._direct = True
         cls.__call__ = __call__

@@ -101,13 +101,14 @@ CHAIN = 4
 
 # The simulator's exchanges between a warpgroup's threads (it has no warp-wide instructions):
 # each thread writes its part into shared memory at `scratch`, one barrier of the warpgroup
-# (support.warpgroup_barrier: what the warpgroup's instruction orders on a GPU, and no more),
-# each reads what it needs. Two buffers of each kind, taken in turn by every thread, make a
-# second barrier (before the next write) unnecessary: a thread rewrites a buffer two exchanges
-# later, past the barrier of the exchange between, which no thread passes before every thread
-# has done its reads of this one. A barrier costs ~6 ms of 128 simulated threads (17 ms of 256); with one exchange per
-# pair of products or chain, a simulated wgmma forward + backward at d = 32 took 77 barriers
-# where it took 257 (most of the time saved came from round_tf32 and cached index arrays).
+# (simulator.warpgroup_barrier: what the warpgroup's instruction orders on a GPU, and no
+# more), each reads what it needs. Two buffers of each kind, taken in turn by every thread,
+# make a second barrier (before the next write) unnecessary: a thread rewrites a buffer two
+# exchanges later, past the barrier of the exchange between, which no thread passes before
+# every thread has done its reads of this one. A barrier cost ~6 ms of 128 simulated threads
+# (17 ms of 256; ~3 ms of 128 in turns, 2026-12-06); with one exchange per pair of products or
+# chain, a simulated wgmma forward + backward at d = 32 took 77 barriers where it took 257
+# (most of the time saved came from round_tf32 and cached index arrays).
 GATHER = CHAIN * 2 * 64 * STEP   # floats: up to CHAIN steps' register A fragments, big and small
 QUAD = WARPGROUP                 # floats: one value a thread
 SCRATCH = 2 * GATHER + 2 * QUAD  # floats of shared memory a warpgroup's exchanges need there
