@@ -109,6 +109,18 @@ def head_index():
     return cuda.blockIdx.y + cuda.blockIdx.z * cuda.gridDim.y
 
 
+@inlined_device_function
+def query_block_first_heaviest(causal):
+    """The query block this block computes: blockIdx.x, or under causal masking (where the
+    last query blocks see the most keys) gridDim.x - 1 - blockIdx.x, so that the heavy blocks
+    of a head start first and the light ones fill the grid's tail (FlashAttention-2's
+    order)."""
+    x = U(cuda.blockIdx.x)
+    if causal:
+        x = U(cuda.gridDim.x) - U(1) - x
+    return x
+
+
 @cuda.jit(device=True)
 def kv_head(bh, heads, group):
     """Index into the (B*Hk) axis of k/v for index bh of the (B*H) axis of q, where each key

@@ -2,7 +2,9 @@
 warpgroup (128 threads) per 64 query rows, K/V blocks of 64 keys.
 
     d <= 64:        make_lean_kernel, one warpgroup per block of 64 rows (64 x 64 tiles);
-                    96 KiB of shared memory (scale Q, K, V^T staged), two blocks per SM.
+                    96 KiB of shared memory (scale Q, K, V^T staged), two blocks per SM;
+                    the next K/V block's K loaded into registers while this block's
+                    softmax and P V run.
     64 < d <= 128:  make_wide_kernel, two warpgroups per block of 128 rows against shared K/V
                     tiles (128 x 64 tiles), the head dim in two halves of 64.
 
@@ -29,10 +31,11 @@ from reference.precision import half_format
 
 from ..mma import split_tf32, split_tf32_nan_elsewhere
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index, inlined_device_function,
-                       kernel_jit, kv_head)
-from ..vector_io import AlignedDispatch
-from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, TILE, add, clear, make_lean_s,
-                       make_stage, make_wide_s)
+                       kernel_jit, kv_head, query_block_first_heaviest)
+from ..vector_io import AlignedDispatch, make_copies_wait
+from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, PER_THREAD, RAW_FLOATS, REGS, TILE, add,
+                       clear, make_fetch, make_fetch_raw, make_lean_s, make_stage,
+                       make_stage_raw, make_wide_s)
 from .softmax import finish_rows, make_online_softmax
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
@@ -40,6 +43,7 @@ D_WIDE = 2 * D_PAD           # the wide kernels' head dim, zero-padded: two halv
 BLOCK_M_WIDE = 2 * BLOCK     # the wide forward's query rows per block: 64 per warpgroup
 # global loads in flight per thread while staging K and V (docs/experiments.md: 8, 16, 32)
 STAGE_LOADS = 16
+copies_wait_all = make_copies_wait(0)
 
 # lean: float offsets of the tiles, each big then small: scale Q, K, V^T permuted
 Q_T, K_T, VT_T = 0, 2 * TILE, 4 * TILE
@@ -48,7 +52,9 @@ NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
 # wide: K's two column halves, then V^T's (rows: the head dim), each big then small
 WIDE_K_T, WIDE_VT_T = 0, 2 * HALF
 WIDE_SCRATCH_AT = 4 * HALF     # the simulator's exchanges, one SCRATCH per warpgroup
-WIDE_NBYTES = 4 * (4 * HALF + (2 * SCRATCH if SIMULATOR else 0))
+# then the next block's K and V as stored (operands.make_fetch_raw), with vector loads
+WIDE_RAW_AT = WIDE_SCRATCH_AT + (2 * SCRATCH if SIMULATOR else 0)
+WIDE_NBYTES = 4 * (WIDE_RAW_AT + 2 * RAW_FLOATS)
 
 
 def tiles(d):
@@ -107,9 +113,16 @@ def make_lean_kernel(causal, half=False):
     out, lse, scale, heads, group) on (B*H, N, d) float32 device arrays. scale Q is staged
     once (its big and small parts) and its A fragments read from there; S's steps go two per
     tensor-core wait (each from zero, added in step order); P V as two chained products.
+    K a block ahead (operands.make_fetch): the next block's K is loaded into registers (32 a
+    thread) once this block's S is formed, so those loads fly during the softmax and P V, and
+    is split into shared memory at the next block's start; V^T is staged there from global
+    memory as before. 1.19-1.31x the kernel that staged both there (gpu_time, H100,
+    2026-12-06). ptxas gives it 255 registers (2 blocks an SM still fit: 2 x 128 x 256
+    registers is the SM's 64 Ki); fetching V^T too, or K before S, spilled 220-824 bytes.
     half: K and V hold half values (exact in TF32): the products with their zero small parts
     are not issued (wgmma.products' exact="b")."""
-    stage_k = make_stage(False, loads=STAGE_LOADS)
+    stage_q = make_stage(False, loads=STAGE_LOADS)
+    fetch_k, put_k = make_fetch(False)
     stage_vt = make_stage(True, permuted=True, loads=STAGE_LOADS)
     chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
     s_steps = make_lean_s(K_T, SCRATCH_AT, half)
@@ -148,8 +161,9 @@ def make_lean_kernel(causal, half=False):
         alpha = cuda.local.array(2, float32)             # exp(m_old - m_new)
         a_big = cuda.local.array(CHAIN_A, float32)       # P's A fragments, split
         a_small = cuda.local.array(CHAIN_A, float32)
+        k_next = cuda.local.array(PER_THREAD, float32)   # the next K/V block's K, fetched
         # scale Q, staged once as big and small parts; its A fragments are read from there
-        stage_k(sm, U(Q_T), q, bh, row0, U(0), d, scale)
+        stage_q(sm, U(Q_T), q, bh, row0, U(0), d, scale)
         q_at = U(Q_T) + warp * U(1024) + lane     # core_offset(row, t4, 64): see q_fragment
         for h in range(2):
             m[h] = float32(NEG_INF)
@@ -163,13 +177,15 @@ def make_lean_kernel(causal, half=False):
         n0 = U(0)
         first = n0
         more = n0 < n_end
+        if more:
+            fetch_k(k_next, k, kv, n0, U(0), d)
         while more:
             cuda.syncthreads()                      # every warp is done with the last tiles
-            stage_k(sm, U(K_T), k, kv, n0, U(0), d, float32(1.0))
+            put_k(sm, U(K_T), k_next)
             stage_vt(sm, U(VT_T), v, kv, n0, U(0), d, float32(1.0))
+            n1 = n0 + uBM
             fence_proxy_async()
             cuda.syncthreads()
-            n1 = n0 + uBM
 
             # S = (scale Q) K^T, written out (as a loop, which only moves shared-memory
             # addresses, ptxas gave 185 registers, 255 with spills under causal, against 170)
@@ -178,6 +194,8 @@ def make_lean_kernel(causal, half=False):
             s_steps(sm, s_acc, q_at, 2)
             s_steps(sm, s_acc, q_at, 4)
             s_steps(sm, s_acc, q_at, 6)
+            if n1 < n_end:      # the next block's K: its loads fly during the softmax and P V
+                fetch_k(k_next, k, kv, n1, U(0), d)
 
             online_softmax(sm, U(SCRATCH_AT), s_acc, m, l, m_safe, alpha, True, n0, i0, i1,
                            col_t, nq, nk)
@@ -209,11 +227,21 @@ def make_wide_kernel(causal, vector_loads, half=False):
     K's two halves, warpgroup 1 V^T's; each warpgroup reads its 64 rows of scale Q from global
     memory (L1 / L2) into chained A fragments per K/V block. S as four chained products with
     the contraction permuted (sm90.operands), P V as two per half of O.
-    vector_loads: Q's runs of 8 columns read 16 bytes at a time (q 16-byte aligned,
-    d % 4 == 0: `launcher` picks by the arguments); False: element by element.
+    Causal: the query blocks run heaviest first (support.query_block_first_heaviest), and a
+    warpgroup only stages the K/V blocks past its own last row (for the other warpgroup):
+    1.03-1.08x the kernel that computed them masked, ascending (gpu_time, H100, 2026-12-06;
+    the same reversal made the lean kernel 3-6 % slower at 4k-16k, so it has none).
+    vector_loads: Q's runs of 8 columns read 16 bytes at a time, and K and V a block ahead:
+    the next block's rows copied as stored into shared memory by cp.async
+    (operands.make_fetch_raw) while this one is computed, split into the tiles from there at
+    the next block's start (q, k, v 16-byte aligned, d % 4 == 0: `launcher` picks by the
+    arguments); False: element by element, K and V staged from global memory.
     half: as make_lean_kernel's."""
     stage_k = make_stage(False, loads=STAGE_LOADS, per_warpgroup=True, chain_permuted=True)
     stage_vt = make_stage(True, permuted=True, loads=STAGE_LOADS, per_warpgroup=True)
+    stage_raw_k = make_stage_raw(False, chain_permuted=True, loads=STAGE_LOADS)
+    stage_raw_vt = make_stage_raw(True, permuted=True, loads=STAGE_LOADS)
+    fetch_raw = make_fetch_raw(2 * WARPGROUP)
     chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
     s_chain = make_wide_s(WIDE_K_T, vector_loads, half)
     online_softmax = make_online_softmax(causal)
@@ -241,7 +269,7 @@ def make_wide_kernel(causal, vector_loads, half=False):
         wg = tid // U(WARPGROUP)
         warp, lane = (tid // U(32)) % U(4), tid % U(32)
         scratch = U(WIDE_SCRATCH_AT) + wg * U(SCRATCH)
-        block0 = U(cuda.blockIdx.x) * U(BLOCK_M_WIDE)
+        block0 = query_block_first_heaviest(causal) * U(BLOCK_M_WIDE)
         row0 = block0 + wg * U(BLOCK)               # this warpgroup's 64 query rows
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         g4, t4 = lane // U(4), lane % U(4)
@@ -273,9 +301,22 @@ def make_wide_kernel(causal, vector_loads, half=False):
         n0 = U(0)
         first = n0
         more = n0 < n_end
+        if vector_loads and more:   # block 0's K and V on their way (cp.async)
+            fetch_raw(sm, U(WIDE_RAW_AT), k, kv, n0, nk, d)
+            fetch_raw(sm, U(WIDE_RAW_AT + RAW_FLOATS), v, kv, n0, nk, d)
         while more:
+            if vector_loads:
+                copies_wait_all()                   # this thread's copies of this block
             cuda.syncthreads()                      # every warp is done with the last tiles
-            if wg == U(0):
+            if vector_loads:    # split from the raw blocks that arrived during the last one
+                raw = U(WIDE_RAW_AT) + wg * U(RAW_FLOATS)
+                if wg == U(0):
+                    stage_raw_k(sm, at, raw, U(0))
+                    stage_raw_k(sm, at + U(HALF), raw, U(D_PAD))
+                else:
+                    stage_raw_vt(sm, at, raw, U(0))
+                    stage_raw_vt(sm, at + U(HALF), raw, U(D_PAD))
+            elif wg == U(0):
                 stage_k(sm, at, kv_src, kv, n0, U(0), d, float32(1.0))
                 stage_k(sm, at + U(HALF), kv_src, kv, n0, U(D_PAD), d, float32(1.0))
             else:
@@ -283,6 +324,15 @@ def make_wide_kernel(causal, vector_loads, half=False):
                 stage_vt(sm, at + U(HALF), kv_src, kv, n0, U(D_PAD), d, float32(1.0))
             fence_proxy_async()
             cuda.syncthreads()
+            if vector_loads and n0 + uBN < n_end:  # the next block's, during this one
+                fetch_raw(sm, U(WIDE_RAW_AT), k, kv, n0 + uBN, nk, d)
+                fetch_raw(sm, U(WIDE_RAW_AT + RAW_FLOATS), v, kv, n0 + uBN, nk, d)
+            # under causal masking a block past this warpgroup's last row (row0 + 63) is
+            # only staged (for the other warpgroup)
+            if causal and n0 + nq > row0 + U(BLOCK - 1) + nk:
+                n0 += uBN
+                more = n0 < n_end
+                continue
 
             # S = (scale Q) K^T, as sm90.backward's wide kernel forms it
             clear(s_acc)
@@ -325,14 +375,15 @@ def make_wide_kernel(causal, vector_loads, half=False):
                 if c + U(D_PAD) < d:
                     out[bh, i, c + U(D_PAD)] = o1[j] * inv
 
-    return Launcher(forward_wgmma_wide, WIDE_NBYTES), 2 * WARPGROUP
+    return Launcher(forward_wgmma_wide, WIDE_NBYTES if vector_loads else 4 * WIDE_RAW_AT), \
+        2 * WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)
 def launcher(causal, half=False):
-    """(kernel, threads) of the wide forward: the vector-load kernel where q is 16-byte aligned
-    (its data and rows: d % 4 == 0), its scalar-load twin otherwise (vector_io.AlignedDispatch;
+    """(kernel, threads) of the wide forward: the vector-load kernel where q, k and v are
+    16-byte aligned (their data and rows: d % 4 == 0), its scalar-load twin otherwise (vector_io.AlignedDispatch;
     the same sums, bit for bit)."""
     vector, threads = make_wide_kernel(causal, True, half)
     scalar = make_wide_kernel(causal, False, half)[0]
-    return AlignedDispatch(vector, scalar, (0,)), threads
+    return AlignedDispatch(vector, scalar, (0, 1, 2)), threads

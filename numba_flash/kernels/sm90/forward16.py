@@ -59,7 +59,7 @@ from numba import cuda, float32, uint16, uint32, uint64
 from reference.precision import half_format
 
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index, inlined_device_function,
-                       kernel_jit, kv_head)
+                       kernel_jit, kv_head, query_block_first_heaviest)
 from ..vector_io import AlignedDispatch, aligned, make_copies_wait
 from .operands import BLOCK, REGS
 from .softmax import FLT_MAX, LAZY_LOG2, LOG2E, make_finish_rows, make_online_softmax_lazy
@@ -256,10 +256,7 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False):
         wg = U(cuda.threadIdx.x) // U(WARPGROUP)    # this thread's warpgroup and its rows
         tid = U(cuda.threadIdx.x) % U(WARPGROUP)
         warp, lane = tid // U(32), tid % U(32)
-        x = U(cuda.blockIdx.x)
-        if causal:      # the last query blocks see the most keys: started first (as FA2), so
-            x = U(cuda.gridDim.x) - U(1) - x        # the light ones fill the grid's tail
-        block0 = x * U(BLOCK_M)
+        block0 = query_block_first_heaviest(causal) * U(BLOCK_M)
         row0 = block0 + wg * uBM
         # TMA: the tiles from the first 1024-byte aligned element of sh (the swizzle's period)
         base = swizzle_base(sh) if tma else U(0)

@@ -28,7 +28,7 @@ from numba import cuda, float32
 
 from ..mma import split_tf32
 from ..support import NEG_INF, U, device_function, inlined_device_function
-from ..vector_io import load4
+from ..vector_io import copies_commit, copy16, load4
 from .wgmma import CHAIN, STEP, WARPGROUP, products
 
 BLOCK = 64                  # block_m = block_n
@@ -52,6 +52,72 @@ def chain_column(c):
     return c - k + U(8) * (k % U(4)) + U(2) * (k // U(8)) + (k % U(8)) // U(4)
 
 
+PER_THREAD = TILE // WARPGROUP      # a tile's elements per thread of a warpgroup
+
+
+def _tile_access(transposed, permuted, per_warpgroup, chain_permuted, count):
+    """(coords, load, put, position) of a staged tile's layout (make_stage's options):
+    coords() the thread's part (r_t, c_t) of its elements' positions; load(src, head, row0,
+    col0, n, d, mult, x, r_t, c_t) its element x * 128 + tid (times mult), zero outside src;
+    put(sm, at, vals, x0) vals[u] (count of them) split into TF32 parts and stored as its
+    elements (x0 + u) * 128 + tid, big at sm[at + ...] and small TILE floats on;
+    position(x, r_t, c_t) where element x * 128 + tid comes from in the source block."""
+    CHAIN_PERMUTED = chain_permuted and not transposed
+
+    @device_function
+    def contraction_index(c_t):
+        if permuted:
+            return c_t - c_t % U(8) + U(2) * (c_t % U(4)) + (c_t % U(8)) // U(4)
+        return c_t
+
+    @cuda.jit(device=True)
+    def thread_index():
+        tid = U(cuda.threadIdx.x)
+        if per_warpgroup:
+            tid %= U(WARPGROUP)
+        return tid
+
+    @cuda.jit(device=True)
+    def coords():
+        # element idx = tid + 128 x of the layout is (r, c) = (8 (x // 4) + r_t,
+        # 16 (x % 4) + c_t): core_offset's inverse, with the thread's part computed once
+        # (uint32 index math throughout: Python ints are int64 in Numba, and signed
+        # division and index wraparound cost instructions in every iteration)
+        tid = thread_index()
+        return (tid // U(4)) % U(8), contraction_index((tid // U(32)) * U(4) + tid % U(4))
+
+    @cuda.jit(device=True)
+    def position(x, r_t, c_t):
+        """(row, column) in the source block of the thread's element x * 128 + tid."""
+        r = U(8 * (x // 4)) + r_t
+        c = U(16 * (x % 4)) + c_t
+        if CHAIN_PERMUTED:
+            c = chain_column(c)
+        if transposed:
+            r, c = c, r
+        return r, c
+
+    @cuda.jit(device=True)
+    def load(src, head, row0, col0, n, d, mult, x, r_t, c_t):
+        r, c = position(x, r_t, c_t)
+        c += col0
+        val = float32(0.0)
+        if row0 + r < n and c < d:
+            val = src[head, row0 + r, c] * mult
+        return val
+
+    @cuda.jit(device=True)
+    def put(sm, at, vals, x0):
+        tid = thread_index()
+        for u in range(count):      # a warp writes one 512-byte run
+            idx = tid + U((x0 + u) * WARPGROUP)
+            big, small = split_tf32(vals[u])
+            sm[at + idx] = big
+            sm[at + TILE + idx] = small
+
+    return coords, load, put, position
+
+
 def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False,
                chain_permuted=False):
     """stage(sm, at, src, head, row0, col0, d, mult) for tiles K-major over the head dim
@@ -66,28 +132,8 @@ def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False,
     chain_column(c), so that a chained product's register A fragments, loaded by
     make_chain_fragments(permuted=True), are runs of 8 contiguous columns (see there)."""
     BATCH = loads
-    GROUPS = per_warpgroup
-    CHAIN_PERMUTED = chain_permuted and not transposed
-    @device_function
-    def contraction_index(c_t):
-        if permuted:
-            return c_t - c_t % U(8) + U(2) * (c_t % U(4)) + (c_t % U(8)) // U(4)
-        return c_t
-
-    @cuda.jit(device=True)
-    def load(src, head, row0, col0, n, d, mult, x, r_t, c_t):
-        """Element x * 128 + tid of the tile (see stage), or zero outside src."""
-        r = U(8 * (x // 4)) + r_t
-        c = U(16 * (x % 4)) + c_t
-        if CHAIN_PERMUTED:
-            c = chain_column(c)
-        if transposed:
-            r, c = c, r
-        c += col0
-        val = float32(0.0)
-        if row0 + r < n and c < d:
-            val = src[head, row0 + r, c] * mult
-        return val
+    coords, load, put, _ = _tile_access(transposed, permuted, per_warpgroup, chain_permuted,
+                                         BATCH)
 
     @cuda.jit(device=True)
     def stage(sm, at, src, head, row0, col0, d, mult):
@@ -99,26 +145,84 @@ def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False,
         go in batches of `loads`, so that a batch is in flight at once (one warp per
         scheduler has nothing else to hide a load's latency behind)."""
         n = U(src.shape[1])
-        tid = U(cuda.threadIdx.x)
-        if GROUPS:
-            tid %= U(WARPGROUP)
-        # element idx = tid + 128 x of the layout is (r, c) = (8 (x // 4) + r_t,
-        # 16 (x % 4) + c_t): core_offset's inverse, with the thread's part computed once
-        # (uint32 index math throughout: Python ints are int64 in Numba, and signed
-        # division and index wraparound cost instructions in every iteration)
-        r_t = (tid // U(4)) % U(8)
-        c_t = contraction_index((tid // U(32)) * U(4) + tid % U(4))
+        r_t, c_t = coords()
         vals = cuda.local.array(BATCH, float32)
-        for b in range(TILE // WARPGROUP // BATCH):
+        for b in range(PER_THREAD // BATCH):
             for u in range(BATCH):
                 vals[u] = load(src, head, row0, col0, n, d, mult, b * BATCH + u, r_t, c_t)
-            for u in range(BATCH):
-                idx = tid + U((b * BATCH + u) * WARPGROUP)
-                big, small = split_tf32(vals[u])
-                sm[at + idx] = big
-                sm[at + TILE + idx] = small
+            put(sm, at, vals, b * BATCH)
 
     return stage
+
+
+def make_fetch(transposed, permuted=False):
+    """(fetch, put): make_stage's tile (one warpgroup's, mult 1) in two halves, for a tile
+    staged a block ahead through registers. fetch(vals, src, head, row0, col0, d) loads the
+    thread's PER_THREAD = 32 elements of it into vals, all in flight at once; put(sm, at,
+    vals) splits and stores them later, as stage would have, bit for bit."""
+    coords, load, put_all, _ = _tile_access(transposed, permuted, False, False, PER_THREAD)
+
+    @cuda.jit(device=True)
+    def fetch(vals, src, head, row0, col0, d):
+        n = U(src.shape[1])
+        r_t, c_t = coords()
+        for x in range(PER_THREAD):
+            vals[x] = load(src, head, row0, col0, n, d, float32(1.0), x, r_t, c_t)
+
+    @cuda.jit(device=True)
+    def put(sm, at, vals):
+        put_all(sm, at, vals, 0)
+
+    return fetch, put
+
+
+# A raw block: 64 rows x 128 columns (the wide kernels' head dim) of float32 as stored, in
+# shared memory row-major, each row padded by 4 floats so that the 8 rows a warp's staging
+# reads at once start in different banks.
+RAW_ROWS, RAW_COLUMNS = BLOCK, 2 * D_PAD
+RAW_STRIDE = RAW_COLUMNS + 4
+RAW_FLOATS = RAW_ROWS * RAW_STRIDE
+
+
+def make_fetch_raw(threads):
+    """fetch_raw(sm, raw, src, head, row0, n, d): src[head, row0 : row0 + 64, :128] into the
+    raw block at sm[raw] by cp.async (16 bytes a copy, 8 a thread of `threads` = 256; zeros
+    past row n and column d, where d % 4 == 0), committed as one group of the thread's: the
+    caller waits for it (copies_wait), then a block barrier, before reading it. Needs src's
+    data and rows 16-byte aligned (vector_io.aligned)."""
+    COPIES = RAW_ROWS * RAW_COLUMNS // 4 // threads
+
+    @cuda.jit(device=True)
+    def fetch_raw(sm, raw, src, head, row0, n, d):
+        tid = U(cuda.threadIdx.x)
+        for u in range(COPIES):
+            i = tid + U(u * threads)
+            r, c = i // U(RAW_COLUMNS // 4), (i % U(RAW_COLUMNS // 4)) * U(4)
+            ok = row0 + r < n and c < d
+            copy16(sm, raw + r * U(RAW_STRIDE) + c, src, head, row0 + r if ok else U(0),
+                   c if ok else U(0), U(16) if ok else U(0))
+        copies_commit()
+
+    return fetch_raw
+
+
+def make_stage_raw(transposed, permuted=False, chain_permuted=False, loads=LOADS):
+    """stage_raw(sm, at, raw, col0): make_stage's stage (per_warpgroup, mult 1) of the raw
+    block at sm[raw] (make_fetch_raw), its columns col0..col0 + 63: the same tile bit for bit
+    (the raw block holds zeros where stage reads none), from shared memory."""
+    coords, _, put, position = _tile_access(transposed, permuted, True, chain_permuted, loads)
+
+    @cuda.jit(device=True)
+    def stage_raw(sm, at, raw, col0):
+        r_t, c_t = coords()
+        vals = cuda.local.array(loads, float32)
+        for b in range(PER_THREAD // loads):
+            for u in range(loads):
+                r, c = position(b * loads + u, r_t, c_t)
+                vals[u] = sm[raw + r * U(RAW_STRIDE) + col0 + c]
+            put(sm, at, vals, b * loads)
+
+    return stage_raw
 
 
 @device_function
