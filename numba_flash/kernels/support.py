@@ -109,7 +109,7 @@ def head_index():
     return cuda.blockIdx.y + cuda.blockIdx.z * cuda.gridDim.y
 
 
-@inlined_device_function
+@cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True)
 def query_block_first_heaviest(causal):
     """The query block this block computes: blockIdx.x, or under causal masking (where the
     last query blocks see the most keys) gridDim.x - 1 - blockIdx.x, so that the heavy blocks

@@ -77,7 +77,8 @@ def check(block_m, block_n, d, dtype):
 
 def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
     """(kernel, threads) of the Hopper forward for head dim d (registry contract): the lean
-    kernel for d <= 64, the wide one (with its scalar-load twin for unaligned q) above. For a
+    kernel for d <= 64, the wide one (with its scalar-load twin where q, k or v is not 16-byte
+    aligned) above. For a
     half dtype the kernel takes float32 arrays holding half values (the API widens them) and
     issues two wgmma a step where 3xTF32 takes three: K and V are exact in TF32."""
     check(block_m, block_n, head_dim, dtype)
@@ -230,7 +231,9 @@ def make_wide_kernel(causal, vector_loads, half=False):
     Causal: the query blocks run heaviest first (support.query_block_first_heaviest), and a
     warpgroup only stages the K/V blocks past its own last row (for the other warpgroup):
     1.03-1.08x the kernel that computed them masked, ascending (gpu_time, H100, 2026-12-06;
-    the same reversal made the lean kernel 3-6 % slower at 4k-16k, so it has none).
+    the same reversal made the lean kernel 3-6 % slower at 4k-16k, so it has none). So such
+    a warpgroup no longer meets those keys' values: an inf in V there made its rows NaN (P = 0
+    times inf), which the lean kernel still does, and standard attention does not.
     vector_loads: Q's runs of 8 columns read 16 bytes at a time, and K and V a block ahead:
     the next block's rows copied as stored into shared memory by cp.async
     (operands.make_fetch_raw) while this one is computed, split into the tiles from there at
@@ -382,8 +385,8 @@ def make_wide_kernel(causal, vector_loads, half=False):
 @functools.lru_cache(maxsize=None)
 def launcher(causal, half=False):
     """(kernel, threads) of the wide forward: the vector-load kernel where q, k and v are
-    16-byte aligned (their data and rows: d % 4 == 0), its scalar-load twin otherwise (vector_io.AlignedDispatch;
-    the same sums, bit for bit)."""
+    16-byte aligned (their data and rows: d % 4 == 0), its scalar-load twin otherwise
+    (vector_io.AlignedDispatch; the same sums, bit for bit)."""
     vector, threads = make_wide_kernel(causal, True, half)
     scalar = make_wide_kernel(causal, False, half)[0]
     return AlignedDispatch(vector, scalar, (0, 1, 2)), threads
