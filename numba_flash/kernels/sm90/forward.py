@@ -6,7 +6,9 @@ warpgroup (128 threads) per 64 query rows, K/V blocks of 64 keys.
                     the next K/V block's K loaded into registers while this block's
                     softmax and P V run.
     64 < d <= 128:  make_wide_kernel, two warpgroups per block of 128 rows against shared K/V
-                    tiles (128 x 64 tiles), the head dim in two halves of 64.
+                    tiles (128 x 64 tiles), the head dim in two halves of 64; the next
+                    K/V block copied into shared memory by cp.async while this one is
+                    computed (where q, k, v are 16-byte aligned).
 
 Per K/V block: S = (scale Q) K^T (formed as sm90.operands says, as the backward recomputes
 it), the online softmax (sm90.softmax), O = O alpha + P V. P is wgmma's A operand straight
@@ -78,9 +80,9 @@ def check(block_m, block_n, d, dtype):
 def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
     """(kernel, threads) of the Hopper forward for head dim d (registry contract): the lean
     kernel for d <= 64, the wide one (with its scalar-load twin where q, k or v is not 16-byte
-    aligned) above. For a
-    half dtype the kernel takes float32 arrays holding half values (the API widens them) and
-    issues two wgmma a step where 3xTF32 takes three: K and V are exact in TF32."""
+    aligned) above. For a half dtype the kernel takes float32 arrays holding half values (the
+    API widens them) and issues two wgmma a step where 3xTF32 takes three: K and V are exact
+    in TF32."""
     check(block_m, block_n, head_dim, dtype)
     half = bool(half_format(dtype))
     if head_dim <= D_PAD:
@@ -123,7 +125,7 @@ def make_lean_kernel(causal, half=False):
     half: K and V hold half values (exact in TF32): the products with their zero small parts
     are not issued (wgmma.products' exact="b")."""
     stage_q = make_stage(False, loads=STAGE_LOADS)
-    fetch_k, put_k = make_fetch(False)
+    fetch_k, put_k = make_fetch()
     stage_vt = make_stage(True, permuted=True, loads=STAGE_LOADS)
     chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
     s_steps = make_lean_s(K_T, SCRATCH_AT, half)

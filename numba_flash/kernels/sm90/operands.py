@@ -155,12 +155,13 @@ def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False,
     return stage
 
 
-def make_fetch(transposed, permuted=False):
-    """(fetch, put): make_stage's tile (one warpgroup's, mult 1) in two halves, for a tile
-    staged a block ahead through registers. fetch(vals, src, head, row0, col0, d) loads the
-    thread's PER_THREAD = 32 elements of it into vals, all in flight at once; put(sm, at,
-    vals) splits and stores them later, as stage would have, bit for bit."""
-    coords, load, put_all, _ = _tile_access(transposed, permuted, False, False, PER_THREAD)
+def make_fetch():
+    """(fetch, put): make_stage(False)'s tile (K-major over the head dim, one warpgroup's,
+    mult 1) in two halves, for a tile staged a block ahead through registers (sm90.forward's
+    K). fetch(vals, src, head, row0, col0, d) loads the thread's PER_THREAD = 32 elements of
+    it into vals, all in flight at once; put(sm, at, vals) splits and stores them later, as
+    stage would have, bit for bit."""
+    coords, load, put_all, _ = _tile_access(False, False, False, False, PER_THREAD)
 
     @cuda.jit(device=True)
     def fetch(vals, src, head, row0, col0, d):
