@@ -186,7 +186,7 @@ def kernels():
             yield label, kernel, DQ_ARGS
 
 
-SASS_OPS = ("FMUL", "FFMA", "FADD", "FMNMX", "MUFU", "HGMMA", "HMMA", "LDS", "BAR", "SHFL")
+SASS_OPS = ("FMUL", "FFMA", "FADD", "FMNMX", "MUFU", "HGMMA", "HMMA", "LDS", "BAR", "SHFL", "LDG", "BSSY")
 SECTIONS = ("before", "loop", "after", "subroutines", "calls")
 
 

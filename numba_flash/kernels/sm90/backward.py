@@ -140,15 +140,15 @@ def make_accumulate_w(x_exact=False):
 
     @cuda.jit(device=True)
     def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch):
-        x = elements_t(src, head, row0, 0, mult, d, warp, lane)
-        x2 = elements_t(src, head, row0, 1, mult, d, warp, lane)
+        x = elements_t(src, head, row0, 0, d, warp, lane)
+        x2 = elements_t(src, head, row0, 1, d, warp, lane)
         for s2 in range(STEPS // 2):
             s = 2 * s2
             # (past the last pair: the next Q block's rows; loaded, not used)
-            a_big, a_small = split_fragment(x)
-            a2_big, a2_small = split_fragment(x2)
-            x = elements_t(src, head, row0, s + 2, mult, d, warp, lane)
-            x2 = elements_t(src, head, row0, s + 3, mult, d, warp, lane)
+            a_big, a_small = split_fragment(x, mult)
+            a2_big, a2_small = split_fragment(x2, mult)
+            x = elements_t(src, head, row0, s + 2, d, warp, lane)
+            x2 = elements_t(src, head, row0, s + 3, d, warp, lane)
             add_in_turn(acc, step2_regs(sm, a_big, a_small, w_at, w_at + U(TILE), a2_big,
                                         a2_small, w_at + U(STEP_FLOATS),
                                         w_at + U(TILE + STEP_FLOATS), s, scratch))
@@ -170,10 +170,10 @@ def make_accumulate_w_chained(x_exact=False):
     @cuda.jit(device=True)
     def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
                      a_small):
-        chain_elements_t(x, src, head, row0, U(0), mult, d, warp, lane)
+        chain_elements_t(x, src, head, row0, U(0), d, warp, lane)
         for g in range(STEPS // CHAIN):
-            split_chain(a_big, a_small, x)
-            chain_elements_t(x, src, head, row0, U(CHAIN * (g + 1)), mult, d, warp, lane)
+            split_chain(a_big, a_small, x, mult)
+            chain_elements_t(x, src, head, row0, U(CHAIN * (g + 1)), d, warp, lane)
             add(acc, chained_regs(sm, a_big, a_small, w_at, w_at + U(TILE), CHAIN * g,
                                   scratch))
     return accumulate_w
@@ -250,14 +250,14 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True, half=False):
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 clear(s_acc)
                 clear(dp_acc)
-                xq = elements(q, bh, m0, 0, scale, d, warp, lane)
-                xdo = elements(dout, bh, m0, 0, float32(1.0), d, warp, lane)
+                xq = elements(q, bh, m0, 0, d, warp, lane)
+                xdo = elements(dout, bh, m0, 0, d, warp, lane)
                 for s in range(STEPS):
                     # (past the last step: zeros, columns >= d; nothing loaded)
-                    q_big, q_small = split_fragment(xq)
-                    do_big, do_small = split_fragment(xdo)
-                    xq = elements(q, bh, m0, s + 1, scale, d, warp, lane)
-                    xdo = elements(dout, bh, m0, s + 1, float32(1.0), d, warp, lane)
+                    q_big, q_small = split_fragment(xq, scale)
+                    do_big, do_small = split_fragment(xdo, float32(1.0))
+                    xq = elements(q, bh, m0, s + 1, d, warp, lane)
+                    xdo = elements(dout, bh, m0, s + 1, d, warp, lane)
                     add2(s_acc, dp_acc, step2_regs(sm, q_big, q_small, U(K_T), U(K_T + TILE),
                                                    do_big, do_small, U(V_T), U(V_T + TILE), s,
                                                    U(LEAN_SCRATCH_AT)))
@@ -417,11 +417,11 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                 # 1. S (wg 0) or dP (wg 1): four chained products of CHAIN steps, two per
                 # column half
                 clear(acc)
-                chain_elements(x, a_src, bh, m0, U(0), a_mult, d, warp, lane)
+                chain_elements(x, a_src, bh, m0, U(0), d, warp, lane)
                 for g in range(2 * STEPS // CHAIN):
                     # (past the last: zeros, columns >= d; nothing loaded)
-                    split_chain(a_big, a_small, x)
-                    chain_elements(x, a_src, bh, m0, U(CHAIN * (g + 1)), a_mult, d, warp, lane)
+                    split_chain(a_big, a_small, x, a_mult)
+                    chain_elements(x, a_src, bh, m0, U(CHAIN * (g + 1)), d, warp, lane)
                     at = b_at + U(HALF) * U(CHAIN * g // STEPS)
                     add(acc, chained_regs(sm, a_big, a_small, at, at + U(TILE),
                                           (CHAIN * g) % STEPS, scratch))

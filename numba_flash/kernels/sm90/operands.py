@@ -296,8 +296,10 @@ def transposed_fragment_chain_paired(sm, at, s, warp, lane):
 
 
 def make_global_fragment(transposed, split=True):
-    """global_fragment (below); split=False: its four elements as loaded (times mult), to be
-    split later by split_fragment (sm90.backward loads a step ahead of its use)."""
+    """global_fragment (below); split=False: global_elements(src, head, row0, s, d, warp, lane),
+    its four elements as loaded (not yet times mult), to be scaled and split later by
+    split_fragment(x, mult) (sm90.backward loads a step ahead of their use: a multiply at the
+    load would wait for it there, Nsight Compute 2026-12-06)."""
     @device_function
     def element(src, head, row0, r, c, mult, n, d):
         if transposed:                         # X^T[r, c] = src[row0 + c, r]
@@ -322,23 +324,25 @@ def make_global_fragment(transposed, split=True):
         return (b0, b1, b2, b3), (s0, s1, s2, s3)
 
     @device_function
-    def global_elements(src, head, row0, s, mult, d, warp, lane):
+    def global_elements(src, head, row0, s, d, warp, lane):
         n = U(src.shape[1])
         r = warp * U(16) + lane // U(4)
         c = U(STEP * s) + lane % U(4)
-        return (element(src, head, row0, r, c, mult, n, d),
-                element(src, head, row0, r + U(8), c, mult, n, d),
-                element(src, head, row0, r, c + U(4), mult, n, d),
-                element(src, head, row0, r + U(8), c + U(4), mult, n, d))
+        one = float32(1.0)
+        return (element(src, head, row0, r, c, one, n, d),
+                element(src, head, row0, r + U(8), c, one, n, d),
+                element(src, head, row0, r, c + U(4), one, n, d),
+                element(src, head, row0, r + U(8), c + U(4), one, n, d))
     return global_fragment if split else global_elements
 
 
 @functools.lru_cache(maxsize=None)
 def make_chain_fragments(transposed, permuted=False, vector=False):
-    """chain_elements(x, src, head, row0, s0, mult, d, warp, lane): the elements of the register
-    A fragments of steps s0..s0 + CHAIN of X (make_global_fragment's X) into the local array
-    x, step s0 + s's four at 4 s..; with split_chain(a_big, a_small, x), the A operand of
-    wgmma's chained_3xtf32_regs (the same TF32 parts as global_fragment's).
+    """chain_elements(x, src, head, row0, s0, d, warp, lane): the elements of the register A
+    fragments of steps s0..s0 + CHAIN of src[head, row0:row0+64, :] (transposed: of its
+    transpose; make_global_fragment's X without mult) into the local array x, step s0 + s's
+    four at 4 s..; with split_chain(a_big, a_small, x, mult), the A operand of wgmma's
+    chained_3xtf32_regs for X = mult src (the same TF32 parts as global_fragment's).
     permuted (not transposed): X's contraction index permuted by chain_column, against a B tile
     staged so (make_stage's chain_permuted): a thread's 8 entries of each of its two rows are
     then 8 contiguous columns, 8 (lane % 4).. of the chain's 32, read as one run. vector (with
@@ -349,53 +353,54 @@ def make_chain_fragments(transposed, permuted=False, vector=False):
     zeros = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
 
     @device_function
-    def run_of_8(src, head, row, c, mult, n, d, x, h):
-        """src[head, row, c:c + 8] * mult (zero outside src) into x as rows h (0: the
+    def run_of_8(src, head, row, c, n, d, x, h):
+        """src[head, row, c:c + 8] (zero outside src) into x as rows h (0: the
         thread's first row, 1: the one 8 below) of a chain's fragments: column c + 2 s + e is
         step s's entry of k index lane % 4 + 4 e (chain_column)."""
         if VECTOR:      # d % 4 == 0 and c % 8 == 0: each run of 4 is all inside or all out
             lo = load4(src, head, row, c) if row < n and c < d else zeros
             hi = load4(src, head, row, c + U(4)) if row < n and c + U(4) < d else zeros
             for u in range(4):
-                x[4 * (u // 2) + 2 * (u % 2) + h] = lo[u] * mult
-                x[4 * (2 + u // 2) + 2 * (u % 2) + h] = hi[u] * mult
+                x[4 * (u // 2) + 2 * (u % 2) + h] = lo[u]
+                x[4 * (2 + u // 2) + 2 * (u % 2) + h] = hi[u]
         else:
             for u in range(8):
                 val = float32(0.0)
                 if row < n and c + U(u) < d:
-                    val = src[head, row, c + U(u)] * mult
+                    val = src[head, row, c + U(u)]
                 x[4 * (u // 2) + 2 * (u % 2) + h] = val
 
     @device_function
-    def chain_elements(x, src, head, row0, s0, mult, d, warp, lane):
+    def chain_elements(x, src, head, row0, s0, d, warp, lane):
         if PERMUTED:
             n = U(src.shape[1])
             r = row0 + warp * U(16) + lane // U(4)
             c = U(STEP) * s0 + U(8) * (lane % U(4))
-            run_of_8(src, head, r, c, mult, n, d, x, 0)
-            run_of_8(src, head, r + U(8), c, mult, n, d, x, 1)
+            run_of_8(src, head, r, c, n, d, x, 0)
+            run_of_8(src, head, r + U(8), c, n, d, x, 1)
         else:
             for s in range(CHAIN):
-                e4 = elements(src, head, row0, s0 + s, mult, d, warp, lane)
+                e4 = elements(src, head, row0, s0 + s, d, warp, lane)
                 for e in range(4):
                     x[4 * s + e] = e4[e]
     return chain_elements
 
 
 @device_function
-def split_chain(a_big, a_small, x):
-    """a_big, a_small = the TF32 parts of x, entry by entry (CHAIN_A entries)."""
+def split_chain(a_big, a_small, x, mult):
+    """a_big, a_small = the TF32 parts of x * mult, entry by entry (CHAIN_A entries)."""
     for j in range(CHAIN_A):
-        a_big[j], a_small[j] = split_tf32(x[j])
+        a_big[j], a_small[j] = split_tf32(x[j] * mult)
 
 
 @device_function
-def split_fragment(x):
-    """(big, small) of a fragment's four elements: what global_fragment returns."""
-    b0, s0 = split_tf32(x[0])
-    b1, s1 = split_tf32(x[1])
-    b2, s2 = split_tf32(x[2])
-    b3, s3 = split_tf32(x[3])
+def split_fragment(x, mult):
+    """(big, small) of a fragment's four elements times mult: what global_fragment returns
+    (mult: 1 or a positive scale, so a zero outside src stays +0 as there)."""
+    b0, s0 = split_tf32(x[0] * mult)
+    b1, s1 = split_tf32(x[1] * mult)
+    b2, s2 = split_tf32(x[2] * mult)
+    b3, s3 = split_tf32(x[3] * mult)
     return (b0, b1, b2, b3), (s0, s1, s2, s3)
 
 
@@ -455,8 +460,8 @@ def make_wide_s(k_at, vector_loads, half=False):
 
     @inlined_device_function
     def s_chain(sm, s_acc, q, bh, row0, scale, d, warp, lane, g, x, a_big, a_small, scratch):
-        chain_elements(x, q, bh, row0, U(CHAIN * g), scale, d, warp, lane)
-        split_chain(a_big, a_small, x)
+        chain_elements(x, q, bh, row0, U(CHAIN * g), d, warp, lane)
+        split_chain(a_big, a_small, x, scale)
         b_at = U(K_AT + HALF * (CHAIN * g // STEPS))
         add(s_acc, chained_regs(sm, a_big, a_small, b_at, b_at + U(TILE), (CHAIN * g) % STEPS,
                                 scratch))
