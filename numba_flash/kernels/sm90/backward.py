@@ -120,23 +120,30 @@ add_dq_pairs_by_element = _make_add_dq_pairs(False)
 
 @device_function
 def store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane):
-    """dK^T and dV^T's accumulators (rows: the head dim, columns: keys n0..) into dk, dv."""
+    """dK^T and dV^T's accumulators (rows: the head dim, columns: keys n0..) into dk, dv, their
+    rows paired (make_accumulate_w's A is paired): the thread's entries e and e + 2 of each
+    4 are head-dim columns 16 warp + 2 g and + 1 (g = lane // 4), where wgmma.position has
+    rows 16 warp + g and + 8."""
+    g = lane // U(4)
     for j in range(REGS):
-        c, jl = position(j, warp, lane)
-        if n0 + U(jl) < nk and U(c) < d:
-            dk[kvh, n0 + U(jl), U(c)] = dk_acc[j]
-            dv[kvh, n0 + U(jl), U(c)] = dv_acc[j]
+        _, jl = position(j, warp, lane)
+        c = warp * U(16) + U(2) * g + U((j % 4) // 2)
+        if n0 + U(jl) < nk and c < d:
+            dk[kvh, n0 + U(jl), c] = dk_acc[j]
+            dv[kvh, n0 + U(jl), c] = dv_acc[j]
 
 
 @functools.lru_cache(maxsize=None)
-def make_accumulate_w(x_exact=False):
+def make_accumulate_w(x_exact=False, vector=False):
     """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch): acc += X^T W
     over 8 steps, two per wait, W the 64 x 64 tile at sm[w_at] (K-major over i), X = mult
-    src[head, row0:row0+64] from global memory, X^T's rows the head-dim rows 16 warp..; each
-    pair's elements loaded while the pair before is computed. x_exact: X holds values exact
-    in TF32 (half dO, mult 1): its zero small part's products are not issued."""
+    src[head, row0:row0+64] from global memory, X^T's rows the head-dim rows 16 warp.., paired
+    (make_global_fragment's paired: acc's rows as store_dkdv reads them); each pair's elements
+    loaded while the pair before is computed. x_exact: X holds values exact in TF32 (half dO,
+    mult 1): its zero small part's products are not issued. vector: 8-byte loads (src 16-byte
+    aligned, d % 4 == 0)."""
     step2_regs = products(BLOCK, D_PAD, D_PAD, "a" if x_exact else None)["step2_3xtf32_regs"]
-    elements_t = make_global_fragment(True, split=False)
+    elements_t = make_global_fragment(True, split=False, paired=True, vector=vector)
 
     @cuda.jit(device=True)
     def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch):
@@ -156,16 +163,16 @@ def make_accumulate_w(x_exact=False):
 
 
 @functools.lru_cache(maxsize=None)
-def make_accumulate_w_chained(x_exact=False):
+def make_accumulate_w_chained(x_exact=False, vector=False):
     """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
     a_small): make_accumulate_w's acc += X^T W as STEPS // CHAIN products of CHAIN steps, each
     chained in the tensor core (one wait each), through the local arrays x, a_big, a_small
     (CHAIN_A entries); each product's elements loaded while the one before is computed
-    (past the last: the next Q block's rows, loaded, not used). x_exact: as
-    make_accumulate_w's."""
+    (past the last: the next Q block's rows, loaded, not used). x_exact, vector and the
+    paired rows: as make_accumulate_w's."""
     chained_regs = products(BLOCK, D_PAD, D_PAD,
                             "a" if x_exact else None)["chained_3xtf32_regs"]
-    chain_elements_t = make_chain_fragments(True)
+    chain_elements_t = make_chain_fragments(True, vector=vector, paired=True)
 
     @cuda.jit(device=True)
     def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
@@ -180,7 +187,8 @@ def make_accumulate_w_chained(x_exact=False):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_kernel(causal, vector_atomics=False, dq_out=True, half=False):
+def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=True,
+                     half=False):
     """The dK/dV/dQ kernel for d <= 64: grid (ceil(Nk / 64), B*Hk), 128 threads, arguments (q,
     k, v, dout, lse, D, dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, dq
     holding zeros. K and V staged, every A operand read from global memory (Q, dO and their
@@ -190,7 +198,9 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True, half=False):
     from global memory loaded a step (S, dP) or a pair of steps ahead.
     vector_atomics: dQ^T's A rows paired (transposed_fragment_paired) and dQ added by
     add_dq_pairs, one vector atomic per two columns (d even, dq's rows 8-byte aligned:
-    run_backward's AlignedDispatch checks). dq_out=False: dQ is neither formed nor added (the
+    run_backward's AlignedDispatch checks). vector_loads: dV's and dK's A (dO^T, Q^T) read
+    as pairs of adjacent head-dim columns, 8 bytes at a time (q, dout 16-byte aligned, d % 4
+    == 0: the dispatch). dq_out=False: dQ is neither formed nor added (the
     deterministic path's dK/dV kernel; dq is not read).
     half: q, k, v, dout hold half values (exact in TF32): S and dP skip the products of K's
     and V's zero small parts, dV those of dO's, dQ those of K^T's (wgmma.products' exact);
@@ -204,8 +214,8 @@ def make_lean_kernel(causal, vector_atomics=False, dq_out=True, half=False):
     recompute_p = make_recompute_p(float32, causal)
     stage = make_stage(False)
     uBM = U(BLOCK)
-    accumulate_dv = make_accumulate_w(half)
-    accumulate_w = make_accumulate_w()
+    accumulate_dv = make_accumulate_w(half, vector_loads)
+    accumulate_w = make_accumulate_w(False, vector_loads)
 
     @kernel_jit(WARPGROUP)
     def dkdv_wgmma_lean(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -342,7 +352,8 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     barrier that ends its last reads (step 3), and dS^T, dS (step 3 of the next block) only
     after the next block's first barrier, which every warpgroup reaches after its step 4.
     vector_atomics: dQ by add_dq_pairs (else add_dq_pairs_by_element); vector_loads: Q's and
-    dO's runs of 8 columns read 16 bytes at a time (q, dout 16-byte aligned, d % 4 == 0:
+    dO's runs of 8 columns read 16 bytes at a time, and dV's and dK's A (dO^T, Q^T) as pairs
+    of adjacent head-dim columns 8 bytes at a time (q, dout 16-byte aligned, d % 4 == 0:
     run_backward's AlignedDispatch). dq_out=False: dQ neither formed nor added (the
     deterministic path's dK/dV kernel). half: as make_lean_kernel's."""
     DQ_OUT = dq_out
@@ -357,8 +368,8 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)
     uBM = U(BLOCK)
     # acc += X^T W with X^T's rows this warpgroup's half (rows = warp + 4 w)
-    accumulate_dv_chained = make_accumulate_w_chained(half)
-    accumulate_w_chained = make_accumulate_w_chained()
+    accumulate_dv_chained = make_accumulate_w_chained(half, vector_loads)
+    accumulate_w_chained = make_accumulate_w_chained(False, vector_loads)
 
     @kernel_jit(2 * WARPGROUP)
     def dkdv_wgmma_wide(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -490,18 +501,16 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
 @functools.lru_cache(maxsize=None)
 def dkdv_launcher(d_wide, causal, dq_out=True, half=False):
     """(kernel, threads) of the dK/dV(/dQ) kernel: the vector variant (dQ pairs by one vector
-    atomic; wide: Q and dO read 16 bytes at a time) where q, dout and dq are 16-byte aligned
-    (their data and rows: d % 4 == 0), the scalar twin otherwise (vector_io.AlignedDispatch;
-    the same sums)."""
+    atomic; dV's and dK's A read 8 bytes at a time; wide: Q and dO 16 bytes at a time) where
+    q, dout and dq are 16-byte aligned (their data and rows: d % 4 == 0; dq only when dQ is
+    added), the scalar twin otherwise (vector_io.AlignedDispatch; the same sums)."""
     if d_wide:
         scalar, threads = make_wide_kernel(causal, False, False, dq_out, half)
         vector = make_wide_kernel(causal, True, True, dq_out, half)[0]
         return AlignedDispatch(vector, scalar, (0, 3, DQ_ARG) if dq_out else (0, 3)), threads
-    scalar, threads = make_lean_kernel(causal, False, dq_out, half)
-    if not dq_out:              # no vector path: nothing is added into dq
-        return scalar, threads
-    return AlignedDispatch(make_lean_kernel(causal, True, True, half)[0], scalar,
-                           (DQ_ARG,)), threads
+    scalar, threads = make_lean_kernel(causal, False, False, dq_out, half)
+    vector = make_lean_kernel(causal, dq_out, True, dq_out, half)[0]
+    return AlignedDispatch(vector, scalar, (0, 3, DQ_ARG) if dq_out else (0, 3)), threads
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,

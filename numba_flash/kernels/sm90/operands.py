@@ -28,7 +28,7 @@ from numba import cuda, float32
 
 from ..mma import split_tf32
 from ..support import NEG_INF, U, device_function, inlined_device_function
-from ..vector_io import copies_commit, copy16, load4
+from ..vector_io import copies_commit, copy16, load2, load4
 from .wgmma import CHAIN, STEP, WARPGROUP, products
 
 BLOCK = 64                  # block_m = block_n
@@ -295,11 +295,19 @@ def transposed_fragment_chain_paired(sm, at, s, warp, lane):
             (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
 
 
-def make_global_fragment(transposed, split=True):
+def make_global_fragment(transposed, split=True, paired=False, vector=False):
     """global_fragment (below); split=False: global_elements(src, head, row0, s, d, warp, lane),
     its four elements as loaded (not yet times mult), to be scaled and split later by
     split_fragment(x, mult) (sm90.backward loads a step ahead of their use: a multiply at the
-    load would wait for it there, Nsight Compute 2026-12-06)."""
+    load would wait for it there, Nsight Compute 2026-12-06).
+    paired (transposed, split=False): X^T's rows paired as transposed_fragment_paired pairs
+    them: the thread's rows g and g + 8 of the warp's 16 are X^T's rows 16 warp + 2 g and
+    + 1, two adjacent columns of one src row; a product with this A has those rows in its
+    accumulator's entries e and e + 2 (store_paired). vector (with paired): each pair one
+    8-byte load (vector_io.load2: src's data and rows 16-byte aligned and d % 4 == 0, the
+    caller's promise), else element by element."""
+    PAIRED, VECTOR = paired and transposed, vector and paired and transposed
+    zeros2 = (float32(0.0), float32(0.0))
     @device_function
     def element(src, head, row0, r, c, mult, n, d):
         if transposed:                         # X^T[r, c] = src[row0 + c, r]
@@ -326,9 +334,20 @@ def make_global_fragment(transposed, split=True):
     @device_function
     def global_elements(src, head, row0, s, d, warp, lane):
         n = U(src.shape[1])
-        r = warp * U(16) + lane // U(4)
-        c = U(STEP * s) + lane % U(4)
         one = float32(1.0)
+        c = U(STEP * s) + lane % U(4)
+        if PAIRED:
+            r = warp * U(16) + U(2) * (lane // U(4))         # X^T's rows r, r + 1
+            if VECTOR:  # d % 4 == 0, r even: both columns inside or both out
+                lo = load2(src, head, row0 + c, r) if row0 + c < n and r < d else zeros2
+                hi = (load2(src, head, row0 + c + U(4), r) if row0 + c + U(4) < n and r < d
+                      else zeros2)
+                return lo[0], lo[1], hi[0], hi[1]
+            return (element(src, head, row0, r, c, one, n, d),
+                    element(src, head, row0, r + U(1), c, one, n, d),
+                    element(src, head, row0, r, c + U(4), one, n, d),
+                    element(src, head, row0, r + U(1), c + U(4), one, n, d))
+        r = warp * U(16) + lane // U(4)
         return (element(src, head, row0, r, c, one, n, d),
                 element(src, head, row0, r + U(8), c, one, n, d),
                 element(src, head, row0, r, c + U(4), one, n, d),
@@ -337,7 +356,7 @@ def make_global_fragment(transposed, split=True):
 
 
 @functools.lru_cache(maxsize=None)
-def make_chain_fragments(transposed, permuted=False, vector=False):
+def make_chain_fragments(transposed, permuted=False, vector=False, paired=False):
     """chain_elements(x, src, head, row0, s0, d, warp, lane): the elements of the register A
     fragments of steps s0..s0 + CHAIN of src[head, row0:row0+64, :] (transposed: of its
     transpose; make_global_fragment's X without mult) into the local array x, step s0 + s's
@@ -347,8 +366,10 @@ def make_chain_fragments(transposed, permuted=False, vector=False):
     staged so (make_stage's chain_permuted): a thread's 8 entries of each of its two rows are
     then 8 contiguous columns, 8 (lane % 4).. of the chain's 32, read as one run. vector (with
     permuted): each run as two 16-byte loads (vector_io.load4: src's data and rows 16-byte
-    aligned, d % 4 == 0, the caller's promise), else element by element."""
-    elements = make_global_fragment(transposed, split=False)
+    aligned, d % 4 == 0, the caller's promise), else element by element.
+    paired (transposed): X^T's rows paired (make_global_fragment's paired; with vector, 8-byte
+    loads)."""
+    elements = make_global_fragment(transposed, split=False, paired=paired, vector=vector)
     PERMUTED, VECTOR = permuted and not transposed, vector and permuted and not transposed
     zeros = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
 
