@@ -134,73 +134,53 @@ def store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane):
 
 
 @functools.lru_cache(maxsize=None)
-def make_accumulate_w(x_exact=False, vector=False, then_s=False):
-    """accumulate_w(sm, acc, w_at, x, x2, src, head, row0, mult, d, warp, lane, scratch,
-    next_src, next_src2, next_row0) -> (x, x2): acc += X^T W over 8 steps, two per wait, W
-    the 64 x 64 tile at sm[w_at] (K-major over i), X = mult src[head, row0:row0+64] from
-    global memory, X^T's rows the head-dim rows 16 warp.., paired (make_global_fragment's
-    paired: acc's rows as store_dkdv reads them). Each pair's elements are loaded while the
-    pair before is computed: x, x2 hold steps 0 and 1's, loaded by the caller, and the last
-    pair's loads are the next phase's first elements, returned, so that no phase starts
-    waiting for global memory: next_src^T's steps 0 and 1 at next_row0 (the next
-    accumulate_w's x, x2; next_src2 unused), or then_s: step 0 of next_src's and next_src2's
-    fragments at next_row0 (the next Q block's S and dP: scale Q, dO).
-    x_exact: X holds values exact in TF32 (half dO, mult 1): its zero small part's products
-    are not issued. vector: 8-byte loads (src 16-byte aligned, d % 4 == 0)."""
+def make_accumulate_w(x_exact=False, vector=False):
+    """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch): acc += X^T W
+    over 8 steps, two per wait, W the 64 x 64 tile at sm[w_at] (K-major over i), X = mult
+    src[head, row0:row0+64] from global memory, X^T's rows the head-dim rows 16 warp.., paired
+    (make_global_fragment's paired: acc's rows as store_dkdv reads them); each pair's elements
+    loaded while the pair before is computed. x_exact: X holds values exact in TF32 (half dO,
+    mult 1): its zero small part's products are not issued. vector: 8-byte loads (src 16-byte
+    aligned, d % 4 == 0)."""
     step2_regs = products(BLOCK, D_PAD, D_PAD, "a" if x_exact else None)["step2_3xtf32_regs"]
     elements_t = make_global_fragment(True, split=False, paired=True, vector=vector)
-    elements = make_global_fragment(False, split=False)
 
     @cuda.jit(device=True)
-    def accumulate_w(sm, acc, w_at, x, x2, src, head, row0, mult, d, warp, lane, scratch,
-                     next_src, next_src2, next_row0):
+    def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch):
+        x = elements_t(src, head, row0, 0, d, warp, lane)
+        x2 = elements_t(src, head, row0, 1, d, warp, lane)
         for s2 in range(STEPS // 2):
             s = 2 * s2
+            # (past the last pair: the next Q block's rows; loaded, not used)
             a_big, a_small = split_fragment(x, mult)
             a2_big, a2_small = split_fragment(x2, mult)
-            if s2 + 1 < STEPS // 2:
-                x = elements_t(src, head, row0, s + 2, d, warp, lane)
-                x2 = elements_t(src, head, row0, s + 3, d, warp, lane)
-            elif then_s:
-                x = elements(next_src, head, next_row0, 0, d, warp, lane)
-                x2 = elements(next_src2, head, next_row0, 0, d, warp, lane)
-            else:
-                x = elements_t(next_src, head, next_row0, 0, d, warp, lane)
-                x2 = elements_t(next_src, head, next_row0, 1, d, warp, lane)
+            x = elements_t(src, head, row0, s + 2, d, warp, lane)
+            x2 = elements_t(src, head, row0, s + 3, d, warp, lane)
             add_in_turn(acc, step2_regs(sm, a_big, a_small, w_at, w_at + U(TILE), a2_big,
                                         a2_small, w_at + U(STEP_FLOATS),
                                         w_at + U(TILE + STEP_FLOATS), s, scratch))
-        return x, x2
     return accumulate_w
 
 
 @functools.lru_cache(maxsize=None)
-def make_accumulate_w_chained(x_exact=False, vector=False, then_s=False):
+def make_accumulate_w_chained(x_exact=False, vector=False):
     """accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
-    a_small, next_src, next_row0, next_warp): make_accumulate_w's acc += X^T W as
-    STEPS // CHAIN products of CHAIN steps, each chained in the tensor core (one wait each),
-    through the local arrays x, a_big, a_small (CHAIN_A entries); x holds the first product's
-    elements, loaded by the caller, each product's elements are loaded while the one before
-    is computed, and the last product's loads are the next phase's first elements, left in
-    x: next_src^T's first product at next_row0 (the next accumulate_w's), or then_s: the
-    first chained product of next_src's permuted fragments (the next Q block's S or dP,
-    rows 16 next_warp..). x_exact, vector and the paired rows: as make_accumulate_w's."""
+    a_small): make_accumulate_w's acc += X^T W as STEPS // CHAIN products of CHAIN steps, each
+    chained in the tensor core (one wait each), through the local arrays x, a_big, a_small
+    (CHAIN_A entries); each product's elements loaded while the one before is computed
+    (past the last: the next Q block's rows, loaded, not used). x_exact, vector and the
+    paired rows: as make_accumulate_w's."""
     chained_regs = products(BLOCK, D_PAD, D_PAD,
                             "a" if x_exact else None)["chained_3xtf32_regs"]
     chain_elements_t = make_chain_fragments(True, vector=vector, paired=True)
-    chain_elements = make_chain_fragments(False, True, vector)
 
     @cuda.jit(device=True)
     def accumulate_w(sm, acc, w_at, src, head, row0, mult, d, warp, lane, scratch, x, a_big,
-                     a_small, next_src, next_row0, next_warp):
+                     a_small):
+        chain_elements_t(x, src, head, row0, U(0), d, warp, lane)
         for g in range(STEPS // CHAIN):
             split_chain(a_big, a_small, x, mult)
-            if g + 1 < STEPS // CHAIN:
-                chain_elements_t(x, src, head, row0, U(CHAIN * (g + 1)), d, warp, lane)
-            elif then_s:
-                chain_elements(x, next_src, head, next_row0, U(0), d, next_warp, lane)
-            else:
-                chain_elements_t(x, next_src, head, next_row0, U(0), d, warp, lane)
+            chain_elements_t(x, src, head, row0, U(CHAIN * (g + 1)), d, warp, lane)
             add(acc, chained_regs(sm, a_big, a_small, w_at, w_at + U(TILE), CHAIN * g,
                                   scratch))
     return accumulate_w
@@ -215,8 +195,7 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     transposes) or from the K tile (K^T) into registers, and one 64 x 64 tile that holds P^T
     for dV^T += dO^T P, then dS^T for dK^T += Q^T dS, then dS for dQ^T = K^T dS^T. S and dP
     one step each per wait, the accumulating products two steps per wait; the A fragments
-    from global memory loaded a step (S, dP) or a pair of steps ahead, and each phase's first
-    ones during the phase before (make_accumulate_w).
+    from global memory loaded a step (S, dP) or a pair of steps ahead.
     vector_atomics: dQ^T's A rows paired (transposed_fragment_paired) and dQ added by
     add_dq_pairs, one vector atomic per two columns (d even, dq's rows 8-byte aligned:
     run_backward's AlignedDispatch checks). vector_loads: dV's and dK's A (dO^T, Q^T) read
@@ -230,14 +209,13 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     dq_fragment = transposed_fragment_paired if vector_atomics else transposed_fragment
     add_dq_acc = add_dq_pairs if vector_atomics else add_dq
     elements = make_global_fragment(False, split=False)
-    elements_t = make_global_fragment(True, split=False, paired=True, vector=vector_loads)
     step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
     recompute_p = make_recompute_p(float32, causal)
     stage = make_stage(False)
     uBM = U(BLOCK)
-    accumulate_dv = make_accumulate_w(half, vector_loads)           # then dK's first pair
-    accumulate_dk = make_accumulate_w(False, vector_loads, True)    # then the next S, dP
+    accumulate_dv = make_accumulate_w(half, vector_loads)
+    accumulate_w = make_accumulate_w(False, vector_loads)
 
     @kernel_jit(WARPGROUP)
     def dkdv_wgmma_lean(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -277,27 +255,19 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
             first = m_start
             first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
             m0 = first
-            # each phase's first A elements are loaded during the phase before (the last
-            # step of S/dP loads dV's, dV's last pair dK's, dK's last pair the next Q block's)
-            xq = elements(q, bh, m0, 0, d, warp, lane)
-            xdo = elements(dout, bh, m0, 0, d, warp, lane)
             while True:
                 i0, i1 = m0 + row, m0 + row + U(8)
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
-                m_next = m0 + uBM
-                if m_next >= nq:
-                    m_next = m_start
                 clear(s_acc)
                 clear(dp_acc)
+                xq = elements(q, bh, m0, 0, d, warp, lane)
+                xdo = elements(dout, bh, m0, 0, d, warp, lane)
                 for s in range(STEPS):
+                    # (past the last step: zeros, columns >= d; nothing loaded)
                     q_big, q_small = split_fragment(xq, scale)
                     do_big, do_small = split_fragment(xdo, float32(1.0))
-                    if s + 1 < STEPS:
-                        xq = elements(q, bh, m0, s + 1, d, warp, lane)
-                        xdo = elements(dout, bh, m0, s + 1, d, warp, lane)
-                    else:               # dV's first pair: dO^T's steps 0 and 1
-                        xq = elements_t(dout, bh, m0, 0, d, warp, lane)
-                        xdo = elements_t(dout, bh, m0, 1, d, warp, lane)
+                    xq = elements(q, bh, m0, s + 1, d, warp, lane)
+                    xdo = elements(dout, bh, m0, s + 1, d, warp, lane)
                     add2(s_acc, dp_acc, step2_regs(sm, q_big, q_small, U(K_T), U(K_T + TILE),
                                                    do_big, do_small, U(V_T), U(V_T + TILE), s,
                                                    U(LEAN_SCRATCH_AT)))
@@ -317,9 +287,8 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                         sm[U(W_T + TILE) + off] = ps
                 fence_proxy_async()
                 cuda.syncthreads()
-                xq, xdo = accumulate_dv(sm, dv_acc, U(W_T), xq, xdo, dout, bh, m0,
-                                        float32(1.0), d, warp, lane, U(LEAN_SCRATCH_AT), q, q,
-                                        m0)
+                accumulate_dv(sm, dv_acc, U(W_T), dout, bh, m0, float32(1.0), d, warp, lane,
+                             U(LEAN_SCRATCH_AT))
                 cuda.syncthreads()                     # P^T read by every warp
                 for nt in range(REGS // 4):
                     for e in range(4):
@@ -329,8 +298,8 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                         sm[U(W_T + TILE) + off] = dsm
                 fence_proxy_async()
                 cuda.syncthreads()
-                xq, xdo = accumulate_dk(sm, dk_acc, U(W_T), xq, xdo, q, bh, m0, scale, d,
-                                        warp, lane, U(LEAN_SCRATCH_AT), q, dout, m_next)
+                accumulate_w(sm, dk_acc, U(W_T), q, bh, m0, scale, d, warp, lane,
+                             U(LEAN_SCRATCH_AT))
                 cuda.syncthreads()                     # dS^T read by every warp
                 if DQ_OUT:
                     for nt in range(REGS // 4):
@@ -353,7 +322,9 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                                                        U(LEAN_SCRATCH_AT)))
                     add_dq_acc(dq, bh, m0, nq, d, dq_acc, scale, warp, lane)
                     cuda.syncthreads()                 # dS read by every warp
-                m0 = m_next
+                m0 += uBM
+                if m0 >= nq:
+                    m0 = m_start
                 if m0 == first:
                     break
 
@@ -369,8 +340,7 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     lean kernel's arguments. Warpgroup 0 forms S and P, warpgroup 1 dP and dS; warpgroup w owns
     the head-dim rows 64 w.. of dK^T, dV^T and dQ^T (32 registers each). Every product is
     chained in the tensor core per CHAIN = 4 steps, S and dP with their contraction permuted
-    (sm90.operands); A fragments from global memory loaded one product ahead (each phase's
-    first during the phase before: make_accumulate_w_chained).
+    (sm90.operands); A fragments from global memory loaded one product ahead.
       1. wg 0: S = (scale Q) K^T; wg 1: dP = dO V^T (four chained products each);
       2. wg 0: P = exp(S - lse_i), written as P^T (big, small) to shared memory; barrier;
       3. wg 1: P read back as big + small (the value dV's product sees; within 2^-22 of P),
@@ -394,13 +364,12 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     chained_regs_dq = products(BLOCK, D_PAD, D_PAD,
                                "a" if half else None)["chained_3xtf32_regs"]
     chain_elements = make_chain_fragments(False, True, vector_loads)
-    chain_elements_t = make_chain_fragments(True, vector=vector_loads, paired=True)
     recompute_p = make_recompute_p(float32, causal)
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)
     uBM = U(BLOCK)
     # acc += X^T W with X^T's rows this warpgroup's half (rows = warp + 4 w)
-    accumulate_dv_chained = make_accumulate_w_chained(half, vector_loads)   # then dK's first
-    accumulate_dk_chained = make_accumulate_w_chained(False, vector_loads, True)  # next S, dP
+    accumulate_dv_chained = make_accumulate_w_chained(half, vector_loads)
+    accumulate_w_chained = make_accumulate_w_chained(False, vector_loads)
 
     @kernel_jit(2 * WARPGROUP)
     def dkdv_wgmma_wide(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
@@ -453,24 +422,17 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
             first = m_start
             first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
             m0 = first
-            # each phase's first A elements are loaded during the phase before (the last
-            # product of S/dP loads dV's, dV's last dK's, dK's last the next Q block's)
-            chain_elements(x, a_src, bh, m0, U(0), d, warp, lane)
             while True:
                 i0, i1 = m0 + row, m0 + row + U(8)
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
-                m_next = m0 + uBM
-                if m_next >= nq:
-                    m_next = m_start
                 # 1. S (wg 0) or dP (wg 1): four chained products of CHAIN steps, two per
                 # column half
                 clear(acc)
+                chain_elements(x, a_src, bh, m0, U(0), d, warp, lane)
                 for g in range(2 * STEPS // CHAIN):
+                    # (past the last: zeros, columns >= d; nothing loaded)
                     split_chain(a_big, a_small, x, a_mult)
-                    if g + 1 < 2 * STEPS // CHAIN:
-                        chain_elements(x, a_src, bh, m0, U(CHAIN * (g + 1)), d, warp, lane)
-                    else:       # dV's first product: dO^T's
-                        chain_elements_t(x, dout, bh, m0, U(0), d, rows, lane)
+                    chain_elements(x, a_src, bh, m0, U(CHAIN * (g + 1)), d, warp, lane)
                     at = b_at + U(HALF) * U(CHAIN * g // STEPS)
                     add(acc, chained_regs(sm, a_big, a_small, at, at + U(TILE),
                                           (CHAIN * g) % STEPS, scratch))
@@ -507,13 +469,13 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                                 sm[U(DS_T + TILE) + off_ds] = dsm
                     fence_proxy_async()
                 accumulate_dv_chained(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d,
-                                      rows, lane, scratch, x, a_big, a_small, q, m0, rows)
+                                     rows, lane, scratch, x, a_big, a_small)
                 cuda.syncthreads()
                 # 4. dK^T += (scale Q)^T dS and dQ^T = K^T dS^T, each over this half's rows
                 if DQ_OUT:
                     clear(dq_acc)
-                accumulate_dk_chained(sm, dk_acc, U(DST_T), q, bh, m0, scale, d, rows, lane,
-                                      scratch, x, a_big, a_small, a_src, m_next, warp)
+                accumulate_w_chained(sm, dk_acc, U(DST_T), q, bh, m0, scale, d, rows, lane,
+                                     scratch, x, a_big, a_small)
                 if DQ_OUT:
                     for g in range(STEPS // CHAIN):
                         for s in range(CHAIN):
@@ -525,7 +487,9 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                         add(dq_acc, chained_regs_dq(sm, a_big, a_small, U(DS_T),
                                                     U(DS_T + TILE), CHAIN * g, scratch))
                     add_dq_acc(dq, bh, m0, nq, d, dq_acc, scale, rows, lane)
-                m0 = m_next
+                m0 += uBM
+                if m0 >= nq:
+                    m0 = m_start
                 if m0 == first:
                     break
 
