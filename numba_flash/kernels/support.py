@@ -240,10 +240,13 @@ else:
 
 
 @functools.lru_cache(maxsize=None)
-def make_recompute_p(T, causal, base2=False):
+def make_recompute_p(T, causal, base2=False, select=False):
     """recompute_p(s_ij, lse_i, i, j, nq, nk), every backward's P from the forward's lse;
     base2 (float32, sm90.backward16): S and lse in units of log2 (times log2 e), P by
-    exp2_approx."""
+    exp2_approx. select (on a GPU): the exp computed for every entry and a masked one's
+    discarded by a select, not a branch around the exp (the same P): sm90.backward's, where
+    it was timed (2026-12-06); the other kernels keep the branch (with the select their SASS
+    moved, fa2's backward to fewer instructions, backward16's to more: neither was timed)."""
     exp = exp2_approx if base2 else math.exp
 
     def seen(lse_i, i, j, nq, nk):
@@ -257,6 +260,18 @@ def make_recompute_p(T, causal, base2=False):
         return recompute_p
 
     seen_gpu = cuda.jit(device=True, forceinline=True)(seen)
+
+    if not select:
+        def recompute_p(s_ij, lse_i, i, j, nq, nk):
+            """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk),
+            0 elsewhere and on rows that saw no key (lse = -inf)."""
+            # (the condition written out as before: through seen_gpu, fa2's SASS moved by a
+            # few instructions, ptxas 2026-12-06)
+            if (i < nq and j < nk and (not causal or j + nq <= i + nk)
+                    and lse_i != T(NEG_INF)):
+                return exp(s_ij - lse_i)
+            return T(0.0)
+        return cuda.jit(device=True, forceinline=True)(recompute_p)
 
     def recompute_p(s_ij, lse_i, i, j, nq, nk):
         """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk), 0

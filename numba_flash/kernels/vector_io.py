@@ -11,6 +11,9 @@ add4(dst, head, row, col, x) adds x there atomically, one red.global.add.v4.f32 
 sm_90 and newer): dst[..., col + e] += x[e], each element its own atomic add.
 add2(dst, head, row, col, x) the same for a pair, dst[head, row, col : col + 2] (red.global.add.v2.f32;
 col even), for tensor-core fragments, which hold pairs of adjacent columns.
+add2_if(dst, head, row, col, x, ok) the same where ok (an integer, nonzero: add), as one
+predicated instruction: no branch around it, whose convergence barriers cost the float32
+backward's dQ additions (the address is formed either way, so it may be past dst's end).
 copy16(sh, at, src, head, row, col, nbytes) starts an asynchronous copy (cp.async, sm_80 and
 newer) of the 16 bytes at src[head, row, col:] into the shared array sh at element offset `at`
 (16-byte aligned), the bytes past nbytes (0 or 16) zero: the thread goes on while the copy runs.
@@ -136,6 +139,11 @@ if SIMULATOR:
     def add2(dst, head, row, col, x):
         cuda.atomic.add(dst, (head, row, col), x[0])
         cuda.atomic.add(dst, (head, row, col + 1), x[1])
+
+    @cuda.jit(device=True)
+    def add2_if(dst, head, row, col, x, ok):
+        if ok:
+            add2(dst, head, row, col, x)
 
     @cuda.jit(device=True)
     def copy16(sh, at, src, head, row, col, nbytes):
@@ -287,6 +295,28 @@ else:
 
     add4 = _red_add(VECTOR)
     add2 = _red_add(2)
+
+    @intrinsic
+    def add2_if(typingctx, dst, head, row, col, x, ok):
+        if not (_array3(dst) and dst.dtype == types.float32 and isinstance(x, types.UniTuple)
+                and x.count == 2 and x.dtype == types.float32
+                and isinstance(ok, (types.Integer, types.Boolean))):
+            return None
+        sig = types.void(dst, head, row, col, x, ok)
+        asm_text = ("{ .reg .u64 g; .reg .pred p; setp.ne.u32 p, $3, 0; "
+                    "cvta.to.global.u64 g, $0; @p red.global.add.v2.f32 [g], {$1, $2}; }")
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64), f32, f32, i32]),
+                               asm_text, "l,f,f,r,~{memory}", side_effect=True)
+            address = builder.ptrtoint(_first(context, builder, sig, args), ir.IntType(64))
+            flag = context.cast(builder, args[5], sig.args[5], types.uint32)
+            builder.call(asm, [address, builder.extract_value(args[4], 0),
+                               builder.extract_value(args[4], 1), flag])
+            return context.get_dummy_value()
+
+        return sig, codegen
 
     def _emit_copy16(context, builder, sig, args, source):
         """cp.async of the 16 bytes at the generic address source() emits (an i64) into the

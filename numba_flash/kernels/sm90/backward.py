@@ -34,7 +34,7 @@ from ..mma import split_tf32
 from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, device_function, head_grid,
                        head_index, kernel_jit, make_recompute_p)
 from ..vector_io import AlignedDispatch
-from ..vector_io import add2 as red_add2
+from ..vector_io import add2_if as red_add2_if
 from .dq import run_dq
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add, add2,
                        add_in_turn, clear, make_chain_fragments, make_global_fragment,
@@ -99,8 +99,7 @@ def _make_add_dq_pairs(vector):
                 i = m0 + U(8 * nt + b) + t4 * U(2)
                 x0, x1 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale
                 if VECTOR:
-                    if i < nq and c < d:
-                        red_add2(dq, bh, i, c, (x0, x1))
+                    red_add2_if(dq, bh, i, c, (x0, x1), i < nq and c < d)
                 else:
                     if i < nq and c < d:
                         cuda.atomic.add(dq, (bh, i, c), x0)
@@ -211,7 +210,7 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     elements = make_global_fragment(False, split=False)
     step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
-    recompute_p = make_recompute_p(float32, causal)
+    recompute_p = make_recompute_p(float32, causal, select=True)
     stage = make_stage(False)
     uBM = U(BLOCK)
     accumulate_dv = make_accumulate_w(half, vector_loads)
@@ -364,7 +363,7 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     chained_regs_dq = products(BLOCK, D_PAD, D_PAD,
                                "a" if half else None)["chained_3xtf32_regs"]
     chain_elements = make_chain_fragments(False, True, vector_loads)
-    recompute_p = make_recompute_p(float32, causal)
+    recompute_p = make_recompute_p(float32, causal, select=True)
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)
     uBM = U(BLOCK)
     # acc += X^T W with X^T's rows this warpgroup's half (rows = warp + 4 w)
