@@ -56,6 +56,37 @@ def test_deterministic_dq_pass_within_tolerance_and_dk_dv_as_the_atomic_path(cas
     assert np.array_equal(atomic[1], exact[1]) and np.array_equal(atomic[2], exact[2])
 
 
+@pytest.mark.parametrize("case", (Case("lean, GQA, two Q blocks", 1, 2, 1, 70, 45, 12),
+                                  Case("wide, causal, two Q blocks", 1, 1, 1, 70, 45, 68,
+                                       causal=True)),
+                         ids=lambda c: c.name)
+def test_vector_dkdv_kernels_give_the_scalar_kernels_bits(case):
+    """The dK/dV kernels' vector twins read dV's and dK's A (dO^T, Q^T) as pairs of adjacent
+    head-dim columns, 8 bytes at a time, where the scalar kernels read them element by
+    element into the same paired rows: the same dk and dv bit for bit, over two Q blocks
+    (GQA: two query heads per key head; causal: masked rows in the first), d = 12 (lean) and
+    68 (wide: 4 columns in the upper half, zeros past d)."""
+    from numba_flash.kernels.support import head_grid
+    from numba_flash.kernels.vector_io import aligned
+    q, k, v, dout = case.inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel="wgmma")
+    q3, k3, v3, do3, o3 = (x.reshape(-1, x.shape[2], case.d) for x in (q, k, v, dout, out))
+    lse2 = lse.reshape(q3.shape[:2]).astype(np.float32)
+    D = (do3.astype(np.float64) * o3).sum(-1).astype(np.float32)
+    assert aligned(q3, do3)
+    dispatch, threads = sm90_backward.dkdv_launcher(case.d > 64, case.causal, False)
+    results = []
+    for kernel in (dispatch.vector, dispatch.scalar):
+        dk, dv = np.zeros_like(k3), np.zeros_like(v3)
+        kernel[(1, *head_grid(k3.shape[0])), threads](
+            q3, k3, v3, do3, lse2, D, dk, dv, np.zeros_like(q3),
+            np.float32(case.d ** -0.5), case.H, case.H // case.Hk)
+        results.append((dk, dv))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+    assert np.abs(results[0][0]).max() > 0 and np.abs(results[0][1]).max() > 0
+
+
 def test_wgmma_rejects_tiles_it_does_not_have_and_falls_back_where_it_cannot_run():
     with pytest.raises(ValueError, match="64 x 64 tiles"):
         sm90_backward.check_tiles(32, 64, 64, np.float32)
