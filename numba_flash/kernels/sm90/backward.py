@@ -508,7 +508,7 @@ def dkdv_launcher(d_wide, causal, dq_out=True, half=False):
         vector = make_wide_kernel(causal, True, True, dq_out, half)[0]
         return AlignedDispatch(vector, scalar, (0, 3, DQ_ARG) if dq_out else (0, 3)), threads
     scalar, threads = make_lean_kernel(causal, False, False, dq_out, half)
-    vector = make_lean_kernel(causal, dq_out, True, dq_out, half)[0]
+    vector = make_lean_kernel(causal, dq_out, True, dq_out, half)[0]   # (no dQ: no atomics)
     return AlignedDispatch(vector, scalar, (0, 3, DQ_ARG) if dq_out else (0, 3)), threads
 
 

@@ -303,11 +303,12 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False):
     paired (transposed, split=False): X^T's rows paired as transposed_fragment_paired pairs
     them: the thread's rows g and g + 8 of the warp's 16 are X^T's rows 16 warp + 2 g and
     + 1, two adjacent columns of one src row; a product with this A has those rows in its
-    accumulator's entries e and e + 2 (store_paired). vector (with paired): each pair one
-    8-byte load (vector_io.load2: src's data and rows 16-byte aligned and d % 4 == 0, the
-    caller's promise), else element by element."""
+    accumulator's entries e and e + 2 (sm90.backward.store_dkdv). vector (with paired): each
+    pair one 8-byte load (vector_io.load2: src's data and rows 16-byte aligned and d % 4 == 0,
+    the caller's promise), else element by element."""
     PAIRED, VECTOR = paired and transposed, vector and paired and transposed
     zeros2 = (float32(0.0), float32(0.0))
+
     @device_function
     def element(src, head, row0, r, c, mult, n, d):
         if transposed:                         # X^T[r, c] = src[row0 + c, r]
