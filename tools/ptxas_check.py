@@ -6,7 +6,8 @@ injected", where it had to run a kernel's products one at a time), then a table:
     CUDA_HOME=/usr/local/cuda python tools/ptxas_check.py [WORD ...]   # from a CUDA toolkit
 
 --sass: also count each kernel's SASS instructions (FMUL, FFMA, FADD, FMNMX, MUFU, HGMMA,
-HMMA, LDS, BAR, SHFL, total; static counts) with cuobjdump, e.g. to see what a change to the
+HMMA, LDS, BAR, SHFL, LDG, BSSY: the convergence barriers a branch around divergent code costs;
+total; static counts) with cuobjdump, e.g. to see what a change to the
 softmax costs in instructions before a GPU times it. --sections (implies --sass): also the
 instructions before, in and after the main loop and in subroutines (tools/sass.py), what a
 block does once against what it does every step (forward16 at d = 64, 2026-12-04: 913 / 526
