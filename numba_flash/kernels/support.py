@@ -259,8 +259,6 @@ def make_recompute_p(T, causal, base2=False, select=False):
             return exp(s_ij - lse_i) if seen(lse_i, i, j, nq, nk) else T(0.0)
         return recompute_p
 
-    seen_gpu = cuda.jit(device=True, forceinline=True)(seen)
-
     if not select:
         def recompute_p(s_ij, lse_i, i, j, nq, nk):
             """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk),
@@ -272,6 +270,8 @@ def make_recompute_p(T, causal, base2=False, select=False):
                 return exp(s_ij - lse_i)
             return T(0.0)
         return cuda.jit(device=True, forceinline=True)(recompute_p)
+
+    seen_gpu = cuda.jit(device=True, forceinline=True)(seen)
 
     def recompute_p(s_ij, lse_i, i, j, nq, nk):
         """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk), 0
