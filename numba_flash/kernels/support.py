@@ -249,39 +249,26 @@ def make_recompute_p(T, causal, base2=False, select=False):
     moved, fa2's backward to fewer instructions, backward16's to more: neither was timed)."""
     exp = exp2_approx if base2 else math.exp
 
-    def seen(lse_i, i, j, nq, nk):
-        """Whether query i sees key j (causal: j + nq <= i + nk) on a row that saw a key."""
-        return i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF)
-
-    if SIMULATOR:
-        def recompute_p(s_ij, lse_i, i, j, nq, nk):
-            # (math.exp raises on a masked entry's large S - lse: exp only where seen)
-            return exp(s_ij - lse_i) if seen(lse_i, i, j, nq, nk) else T(0.0)
-        return recompute_p
-
-    if not select:
-        def recompute_p(s_ij, lse_i, i, j, nq, nk):
-            """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk),
-            0 elsewhere and on rows that saw no key (lse = -inf)."""
-            # (the condition written out as before: through seen_gpu, fa2's SASS moved by a
-            # few instructions, ptxas 2026-12-06)
-            if (i < nq and j < nk and (not causal or j + nq <= i + nk)
-                    and lse_i != T(NEG_INF)):
-                return exp(s_ij - lse_i)
-            return T(0.0)
-        return cuda.jit(device=True, forceinline=True)(recompute_p)
-
-    seen_gpu = cuda.jit(device=True, forceinline=True)(seen)
-
     def recompute_p(s_ij, lse_i, i, j, nq, nk):
         """P_ij = exp(S_ij - lse_i) where query i sees key j (causal: j + nq <= i + nk), 0
         elsewhere and on rows that saw no key (lse = -inf)."""
-        # exp first, then a select: a branch around the exp made each entry a chain of its own
-        # between convergence barriers, which ptxas did not interleave (the float32 backward's
-        # P phase, Nsight Compute, 2026-12-06); a masked entry's exp is discarded
+        if i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF):
+            return exp(s_ij - lse_i)
+        return T(0.0)
+
+    def recompute_p_select(s_ij, lse_i, i, j, nq, nk):
+        """recompute_p, the exp first and then a select: a branch around the exp made each
+        entry a chain of its own between convergence barriers, which ptxas did not interleave
+        (the float32 backward's P phase, Nsight Compute, 2026-12-06); a masked entry's exp is
+        discarded."""
         p = exp(s_ij - lse_i)
-        return p if seen_gpu(lse_i, i, j, nq, nk) else T(0.0)
-    return cuda.jit(device=True, forceinline=True)(recompute_p)
+        seen = i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF)
+        return p if seen else T(0.0)
+    # on the simulator a plain function: no lock per call (device_function); no select there
+    # either (math.exp raises on a masked entry's large S - lse)
+    if SIMULATOR:
+        return recompute_p
+    return cuda.jit(device=True, forceinline=True)(recompute_p_select if select else recompute_p)
 
 
 _simulator_lock = threading.RLock()

@@ -267,56 +267,54 @@ else:
     # PTX ISA 8.1, sm_90: vector reductions exist for global memory only, hence the conversion
     # of the generic address Numba holds into a global one. Like the scalar float atomic add
     # (cuda.atomic.add), it flushes subnormals to zero (REDG.E.ADD.F32x4.FTZ.RN in the SASS).
-    def _red_add(width):
+    def _red_add(width, predicated=False):
         """An intrinsic adding a float32 width-tuple at dst[head, row, col:col + width] with one
-        red.global.add.v{width}.f32 (the address's alignment is the caller's promise)."""
+        red.global.add.v{width}.f32 (the address's alignment is the caller's promise);
+        predicated: one more argument, ok (an integer or bool), and the instruction issued
+        under the predicate ok != 0 (no branch around it)."""
         regs = ", ".join(f"${e + 1}" for e in range(width))
-        asm_text = ("{ .reg .u64 g; cvta.to.global.u64 g, $0; "
-                    f"red.global.add.v{width}.f32 [g], {{{regs}}}; }}")
+        guard = (f".reg .pred p; setp.ne.u32 p, ${width + 1}, 0; ", "@p ") if predicated \
+            else ("", "")
+        asm_text = (f"{{ .reg .u64 g; {guard[0]}cvta.to.global.u64 g, $0; "
+                    f"{guard[1]}red.global.add.v{width}.f32 [g], {{{regs}}}; }}")
+
+        def typing(dst, x, ok):
+            return (_array3(dst) and dst.dtype == types.float32 and isinstance(x, types.UniTuple)
+                    and x.count == width and x.dtype == types.float32
+                    and (ok is None or isinstance(ok, (types.Integer, types.Boolean))))
+
+        def codegen(context, builder, sig, args):
+            f32, i32 = ir.FloatType(), ir.IntType(32)
+            flag = [i32] if predicated else []
+            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(),
+                                               [ir.IntType(64)] + [f32] * width + flag),
+                               asm_text, "l" + ",f" * width + ",r" * len(flag) + ",~{memory}",
+                               side_effect=True)
+            address = builder.ptrtoint(_first(context, builder, sig, args), ir.IntType(64))
+            ops = [address] + [builder.extract_value(args[4], e) for e in range(width)]
+            if predicated:
+                ops.append(context.cast(builder, args[5], sig.args[5], types.uint32))
+            builder.call(asm, ops)
+            return context.get_dummy_value()
+
+        if predicated:
+            @intrinsic
+            def red_add_if(typingctx, dst, head, row, col, x, ok):
+                if not typing(dst, x, ok):
+                    return None
+                return types.void(dst, head, row, col, x, ok), codegen
+            return red_add_if
 
         @intrinsic
         def red_add(typingctx, dst, head, row, col, x):
-            if not (_array3(dst) and dst.dtype == types.float32 and isinstance(x, types.UniTuple)
-                    and x.count == width and x.dtype == types.float32):
+            if not typing(dst, x, None):
                 return None
-            sig = types.void(dst, head, row, col, x)
-
-            def codegen(context, builder, sig, args):
-                f32 = ir.FloatType()
-                asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64)] + [f32] * width),
-                                   asm_text, "l" + ",f" * width + ",~{memory}", side_effect=True)
-                address = builder.ptrtoint(_first(context, builder, sig, args), ir.IntType(64))
-                builder.call(asm, [address] + [builder.extract_value(args[4], e)
-                                               for e in range(width)])
-                return context.get_dummy_value()
-
-            return sig, codegen
+            return types.void(dst, head, row, col, x), codegen
         return red_add
 
     add4 = _red_add(VECTOR)
     add2 = _red_add(2)
-
-    @intrinsic
-    def add2_if(typingctx, dst, head, row, col, x, ok):
-        if not (_array3(dst) and dst.dtype == types.float32 and isinstance(x, types.UniTuple)
-                and x.count == 2 and x.dtype == types.float32
-                and isinstance(ok, (types.Integer, types.Boolean))):
-            return None
-        sig = types.void(dst, head, row, col, x, ok)
-        asm_text = ("{ .reg .u64 g; .reg .pred p; setp.ne.u32 p, $3, 0; "
-                    "cvta.to.global.u64 g, $0; @p red.global.add.v2.f32 [g], {$1, $2}; }")
-
-        def codegen(context, builder, sig, args):
-            f32, i32 = ir.FloatType(), ir.IntType(32)
-            asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(), [ir.IntType(64), f32, f32, i32]),
-                               asm_text, "l,f,f,r,~{memory}", side_effect=True)
-            address = builder.ptrtoint(_first(context, builder, sig, args), ir.IntType(64))
-            flag = context.cast(builder, args[5], sig.args[5], types.uint32)
-            builder.call(asm, [address, builder.extract_value(args[4], 0),
-                               builder.extract_value(args[4], 1), flag])
-            return context.get_dummy_value()
-
-        return sig, codegen
+    add2_if = _red_add(2, predicated=True)
 
     def _emit_copy16(context, builder, sig, args, source):
         """cp.async of the 16 bytes at the generic address source() emits (an i64) into the
