@@ -6,7 +6,8 @@ the blocks of a head, running at once, add into different dQ rows).
     d <= 64:        make_lean_kernel, one warpgroup (128 threads), 96 KiB of shared memory
                     (K, V and one 64 x 64 score tile), two blocks per SM.
     64 < d <= 128:  make_wide_kernel, two warpgroups (256 threads), the head dim in two halves
-                    of 64; 224 KiB (K's halves, V's, P^T, dS^T, dS), one block per SM.
+                    of 64, P and dS formed by each on half the keys; 224 KiB (K's halves,
+                    V's, P^T, dS^T, dS), one block per SM.
 
 Per Q block (rows i), with the forward's operand roles (M = i):
   S = (scale Q) K^T formed as the forward formed it (sm90.operands), dP = dO V^T;
@@ -336,20 +337,22 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
 def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=True,
                      half=False):
     """The dK/dV/dQ kernel for 64 < d <= 128: grid (ceil(Nk / 64), B*Hk), 256 threads, the
-    lean kernel's arguments. Warpgroup 0 forms S and P, warpgroup 1 dP and dS; warpgroup w owns
-    the head-dim rows 64 w.. of dK^T, dV^T and dQ^T (32 registers each). Every product is
-    chained in the tensor core per CHAIN = 4 steps, S and dP with their contraction permuted
-    (sm90.operands); A fragments from global memory loaded one product ahead.
+    lean kernel's arguments. Warpgroup 0 forms S, warpgroup 1 dP; each then forms P and dS
+    on half the keys; warpgroup w owns the head-dim rows 64 w.. of dK^T, dV^T and dQ^T (32
+    registers each). Every product is chained in the tensor core per CHAIN = 4 steps, S and dP
+    with their contraction permuted (sm90.operands); A fragments from global memory loaded
+    one product ahead.
       1. wg 0: S = (scale Q) K^T; wg 1: dP = dO V^T (four chained products each);
-      2. wg 0: P = exp(S - lse_i), written as P^T (big, small) to shared memory; barrier;
-      3. wg 1: P read back as big + small (the value dV's product sees; within 2^-22 of P),
-         dS = P (dP - D_i), written as dS^T and as dS (i-major);
-         both: dV^T[half w] += dO^T[half w] P; barrier;
+      2. barrier; the halves swapped through shared memory (where P^T's big part goes):
+         warpgroup w gets S and dP on keys 32 w..; barrier;
+      3. each: P = exp(S - lse_i), dS = P (dP - D_i) on its keys, written as P^T (big,
+         small), dS^T and dS (i-major); barrier; both: dV^T[half w] += dO^T[half w] P;
       4. both: dK^T[half w] += (scale Q)^T[half w] dS, dQ^T[half w] = K^T[half w] dS^T,
          added into dq with atomics.
-    Two barriers per Q block: P^T is rewritten (step 2 of the next block) only after the
-    barrier that ends its last reads (step 3), and dS^T, dS (step 3 of the next block) only
-    after the next block's first barrier, which every warpgroup reaches after its step 4.
+    Three barriers per Q block: the first orders the last block's reads of P^T (dV, step 3),
+    dS^T and dS (step 4) before the swap's and step 3's writes. The split keeps the two
+    warpgroups' work equal between barriers (before, warpgroup 1 waited while 0 formed P,
+    and 0 while 1 formed dS: a quarter of the kernel's stall samples, docs/performance.md).
     vector_atomics: dQ by add_dq_pairs (else add_dq_pairs_by_element); vector_loads: Q's and
     dO's runs of 8 columns read 16 bytes at a time, and dV's and dK's A (dO^T, Q^T) as pairs
     of adjacent head-dim columns 8 bytes at a time (q, dout 16-byte aligned, d % 4 == 0:
@@ -412,6 +415,11 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
         row, col_t = warp * U(16) + g4, t4 * U(2)
         pt_base = (warp * U(4) + g4 // U(4)) * U(32) + t4 * U(8) + g4 % U(4)
         ds_base = warp * U(1024) + (t4 // U(2)) * U(32) + g4 * U(4) + (t4 % U(2)) * U(2)
+        # this warpgroup's keys 32 wg.. (P^T's rows, dS's columns; nt = 4 wg..), the other's
+        key0 = wg * U(BLOCK // 2)
+        pt_half = pt_base + wg * U(2048)
+        pt_other = pt_base + (U(1) - wg) * U(2048)
+        ds_half = ds_base + wg * U(256)
         k_half = U(WIDE_K_T) + wg * U(HALF)          # dQ^T's A: K^T of this half
         fence_proxy_async()
         cuda.syncthreads()
@@ -435,41 +443,46 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                     at = b_at + U(HALF) * U(CHAIN * g // STEPS)
                     add(acc, chained_regs(sm, a_big, a_small, at, at + U(TILE),
                                           (CHAIN * g) % STEPS, scratch))
-                # 2. P = exp(S - lse) and P^T into shared memory
-                if wg == U(0):
-                    for nt in range(REGS // 4):
-                        for e in range(4):
-                            j = 4 * nt + e
-                            hi, b = e // 2, e % 2
-                            il = row + U(8 * hi)
-                            jl = U(8 * nt + b) + col_t
-                            p = recompute_p(acc[j], lse1 if hi else lse0, m0 + il, n0 + jl,
-                                            nq, nk)
-                            off = pt_base + U(512 * nt + 64 * hi + 4 * b)
-                            pb, ps = split_tf32(p)
-                            sm[U(PT_T) + off] = pb
-                            sm[U(PT_T + TILE) + off] = ps
-                    fence_proxy_async()
+                # 2. the halves swapped: warpgroup w keeps its entries of keys 32 w.. (the
+                # accumulator's j = 16 w + jh) and takes the other's there. The thread at the
+                # same position (wgmma.position) of the other warpgroup puts each where this
+                # thread will write the entry's P^T big part, and this thread reads it there
+                # before writing it (no barrier between). The first barrier: every warpgroup
+                # past the last block's dV (its reads of P^T).
                 cuda.syncthreads()
-                # 3. dS = P (dP - D) from P^T's parts (wg 1), then both: dV^T += dO^T P
-                if wg == U(1):
-                    for nt in range(REGS // 4):
-                        for e in range(4):
-                            j = 4 * nt + e
-                            hi, b = e // 2, e % 2
-                            off = pt_base + U(512 * nt + 64 * hi + 4 * b)
-                            p = sm[U(PT_T) + off] + sm[U(PT_T + TILE) + off]
-                            db, dsm = split_tf32(p * (acc[j] - (D1 if hi else D0)))
-                            sm[U(DST_T) + off] = db
-                            sm[U(DST_T + TILE) + off] = dsm
-                            if DQ_OUT:
-                                off_ds = ds_base + U(512 * hi + 64 * nt + b)
-                                sm[U(DS_T) + off_ds] = db
-                                sm[U(DS_T + TILE) + off_ds] = dsm
-                    fence_proxy_async()
+                for nt in range(REGS // 8):
+                    for e in range(4):
+                        jh = 4 * nt + e
+                        off = U(PT_T) + pt_other + U(512 * nt + 64 * (e // 2) + 4 * (e % 2))
+                        sm[off] = acc[REGS // 2 + jh] if wg == U(0) else acc[jh]
+                cuda.syncthreads()
+                # 3. P = exp(S - lse_i) and dS = P (dP - D_i) on this warpgroup's keys, written
+                # as P^T, dS^T and dS (i-major); then both: dV^T[half w] += dO^T P
+                for nt in range(REGS // 8):
+                    for e in range(4):
+                        jh = 4 * nt + e
+                        hi, b = e // 2, e % 2
+                        off = pt_half + U(512 * nt + 64 * hi + 4 * b)
+                        theirs = sm[U(PT_T) + off]
+                        s_ij = acc[jh] if wg == U(0) else theirs
+                        dp_ij = theirs if wg == U(0) else acc[REGS // 2 + jh]
+                        il = row + U(8 * hi)
+                        jl = key0 + U(8 * nt + b) + col_t
+                        p = recompute_p(s_ij, lse1 if hi else lse0, m0 + il, n0 + jl, nq, nk)
+                        pb, ps = split_tf32(p)
+                        sm[U(PT_T) + off] = pb
+                        sm[U(PT_T + TILE) + off] = ps
+                        db, dsm = split_tf32(p * (dp_ij - (D1 if hi else D0)))
+                        sm[U(DST_T) + off] = db
+                        sm[U(DST_T + TILE) + off] = dsm
+                        if DQ_OUT:
+                            off_ds = ds_half + U(512 * hi + 64 * nt + b)
+                            sm[U(DS_T) + off_ds] = db
+                            sm[U(DS_T + TILE) + off_ds] = dsm
+                fence_proxy_async()
+                cuda.syncthreads()
                 accumulate_dv_chained(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d,
                                      rows, lane, scratch, x, a_big, a_small)
-                cuda.syncthreads()
                 # 4. dK^T += (scale Q)^T dS and dQ^T = K^T dS^T, each over this half's rows
                 if DQ_OUT:
                     clear(dq_acc)
