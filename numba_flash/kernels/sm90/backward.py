@@ -381,13 +381,13 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
             return
         kvh = U(head)
         tid = U(cuda.threadIdx.x)
-        wg = tid // U(WARPGROUP)                    # 0: S and P; 1: dP and dS
+        wg = tid // U(WARPGROUP)                    # 0: S; 1: dP; each P, dS on half the keys
         warp, lane = (tid // U(32)) % U(4), tid % U(32)
         rows = warp + U(4) * wg                     # the warp's head-dim rows: 16 rows..
         scratch = U(WIDE_SCRATCH_AT) + wg * U(SCRATCH)
         n0 = U(cuda.blockIdx.x) * uBM
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
-        acc = cuda.local.array(REGS, float32)        # S, then P (wg 0); dP, then dS (wg 1)
+        acc = cuda.local.array(REGS, float32)        # S (wg 0) or dP (wg 1)
         dk_acc = cuda.local.array(REGS, float32)     # dK^T, head-dim rows of half wg
         dv_acc = cuda.local.array(REGS, float32)     # dV^T, the same rows
         dq_acc = cuda.local.array(REGS, float32)     # dQ^T of this Q block, the same rows
