@@ -78,7 +78,7 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
           f"{ns.name}{' on the GPU' if ns.on_gpu else ''}, long double in numpy)")
     t0 = time.time()
     if not simulator and cache.enabled():
-        _compile_ahead(steps, progress)
+        compile_ahead(steps, progress)
     print(f"{'kernel':<13} {'dtype':<8} {'out':<4} {'max err':>10} {'allowed':>10}  pass  case")
     failed = rows = 0
     ran = {}                     # pair -> {dtype: cases}
@@ -132,9 +132,10 @@ def _compiled_as(pair, dtype):
     return registry.kernel_dtype(dtype).name
 
 
-def _compile_ahead(steps, progress):
-    """Compile every (pair, d, causal, dtype) of the plan in parallel processes into the disk
-    cache (precompile.py), so that the checks load them; print what it did."""
+def compile_ahead(steps, progress=False):
+    """Compile every (pair, d, causal, dtype) of the plan (campaign.plan's steps) in parallel
+    processes into the disk cache (precompile.py), so that run_checks loads them; print what
+    it did. Call it only on a GPU with the cache on (cache.enabled())."""
     configs = {(pair, st.case.d, st.case.causal, _compiled_as(pair, st.dtype))
                for st in steps for pair in st.pairs}
     t0 = time.time()
