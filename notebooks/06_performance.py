@@ -64,6 +64,17 @@
 # d = 128, N = 16k (1.00 causal, 1.03–1.04 not) and furthest at N = 1k, where the wall-time
 # figures above also pay a call's host work.
 #
+# **Claim 4 (float32 now, on an H100)** (2026-12-06, `numba-flash bench --mode both --n 1024
+# 4096 16384 --impl "numba-flash wgmma" --impl "torch efficient"`, three runs of the day:
+# 06:20 `bench-prefetch-f32-h100-2026-12-06.json`, 09:03 `bench-bwd-f32-h100-2026-12-06.json`,
+# 11:25 `bench-split-f32-h100-2026-12-06.json`; B·N = 16k, N = 1k–16k). The `wgmma` forward
+# now leads torch's efficient backend at every point, 1.04–1.39× at 11:25 (0.99–1.36× at
+# 06:20, before the backward work; the forward's code did not change after it), and
+# forward+backward went from 1.25–1.35× (06:20) to 1.31–1.48× (09:03: the backward's loads no
+# longer waited for at once) and 1.35–1.47× (11:25: the d = 128 kernel's warpgroups share P
+# and dS): short of the 1.5× that issue 25 asks for at every point, closest at N = 16k. These
+# are an H100's figures; the H200 claims above stay as they were measured.
+#
 # Ratios are of TFLOP/s in the same run (FLOPs counted as FlashAttention-2 counts them; the
 # backward as 2.5× the forward). How the figures are counted, the chip's ceilings and how the
 # kernels got here, run by run, are in [docs/performance.md](../docs/performance.md); the other
@@ -338,6 +349,47 @@ axes[0].set_ylabel("speed / FlashAttention-2's")
 axes[-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
 show(fig, "gpu_time")
 
+# %% [markdown]
+# Claim 4: float32 on an H100 through 2026-12-06, the `wgmma` pair's TFLOP/s as a multiple of
+# torch efficient's in the same run, forward (top) and forward+backward (bottom), at 06:20,
+# 09:03 and 11:25 UTC; issue 25 asks for 1.0 forward and 1.5 forward+backward (dashed).
+
+# %%
+TODAY = {"06:20": "bench-prefetch-f32-h100-2026-12-06.json",
+         "09:03": "bench-bwd-f32-h100-2026-12-06.json",
+         "11:25": "bench-split-f32-h100-2026-12-06.json"}
+today = {when: json.loads(data_file(name).read_text()) for when, name in TODAY.items()}
+
+
+def over_efficient(run, mode, d, causal):
+    """{N: numba-flash wgmma's TFLOP/s / torch efficient's} in one run and panel."""
+    t = {(r["impl"], r["N"]): r["tflops"] for r in run["records"]
+         if (r["mode"], r["d"], r["causal"]) == (mode, d, causal)}
+    return {n: t["numba-flash wgmma", n] / t["torch efficient", n]
+            for impl, n in sorted(t) if impl == "numba-flash wgmma"}
+
+
+fig, axes = plt.subplots(2, 4, figsize=(15, 6), sharex=True)
+for row, (mode, target) in enumerate((("fwd", 1.0), ("fwd+bwd", 1.5))):
+    for col, (d, causal) in enumerate(PANELS):
+        ax = axes[row, col]
+        for i, (when, run) in enumerate(today.items()):
+            pts = over_efficient(run, mode, d, causal)
+            ax.semilogx(list(pts), list(pts.values()), marker="o", color="C0",
+                        alpha=0.35 + 0.325 * i, label=f"wgmma, {when} UTC")
+        ax.axhline(target, color="C3", ls="--", lw=1, label=f"issue 25's {target}x")
+        ax.axhline(1.0, color="k", lw=0.6)
+        ax.set_title(f"f32 {mode} d={d}{' causal' if causal else ''} (H100)", fontsize=9)
+        ax.set_xticks([1024, 4096, 16384], ["1k", "4k", "16k"])
+        ax.minorticks_off()
+    axes[row, 0].set_ylabel("wgmma / torch efficient")
+    axes[row, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+show(fig, "float32_h100_today")
+for when, run in today.items():
+    print(when, {mode: [round(x, 2) for d, c in PANELS
+                        for x in over_efficient(run, mode, d, c).values()]
+                 for mode in ("fwd", "fwd+bwd")})
+
 # %%
 rows = {t: {(r["d"], r["N"], r["causal"]): r for r in gpu_time[f"bf16-{t}"]["rows"]}
         for t in ("base", "new")}
@@ -351,4 +403,19 @@ assert rows["new"][(128, 16384, False)]["peer_ms"] > rows["new"][(128, 16384, Fa
 # FA2 measured alike in both processes: the comparison is of the trees, not of the runs
 assert all(abs(rows["base"][k]["peer_ms"] / r["peer_ms"] - 1) < 0.01
            for k, r in rows["new"].items())
+# claim 4: float32 on an H100, 2026-12-06, three runs of the day
+for when, run in today.items():
+    env = run["environment"]
+    assert env["gpu"].startswith("NVIDIA H100") and env["date"].startswith(
+        "2026-12-06T" + when), env
+    assert {r["dtype"] for r in run["records"]} == {"float32"}
+    assert not any("error" in r for r in run["records"])
+spans = {(when, mode): [x for d, c in PANELS for x in over_efficient(run, mode, d, c).values()]
+         for when, run in today.items() for mode in ("fwd", "fwd+bwd")}
+assert all(len(xs) == 12 for xs in spans.values()), spans
+for key, (lo, hi) in {("06:20", "fwd"): (0.99, 1.36), ("06:20", "fwd+bwd"): (1.24, 1.35),
+                      ("09:03", "fwd"): (1.03, 1.40), ("09:03", "fwd+bwd"): (1.31, 1.49),
+                      ("11:25", "fwd"): (1.04, 1.40), ("11:25", "fwd+bwd"): (1.35, 1.48)}.items():
+    assert lo <= min(spans[key]) and max(spans[key]) <= hi, (key, spans[key])
+assert min(spans["11:25", "fwd"]) > 1 and max(spans["11:25", "fwd+bwd"]) < 1.5
 print("claim holds")
