@@ -74,3 +74,36 @@ def test_gpu_time_compare_matches_rows_and_reports_speedups():
     assert "different GPUs" in gpu_time.compare(base, new)[1]
     del base["device"]                           # a file from before devices were recorded
     assert "GPU not recorded" in gpu_time.compare(base, new)[0]
+
+
+# a made-up ncu source page (--page source --csv --print-source sass) of one kernel, the
+# columns the summary reads among others: two phases split by a BAR, conflicted LDS
+NCU_CSV = '''"Kernel Name","ns::dkdv_wgmma_wide[abi:v1,cw5](Array<float>, float)"
+"Address","Source","Warp Stall Sampling (All Samples)","Instructions Executed","stall_barrier","stall_wait","stall_mio","L1 Wavefronts Shared Excessive","L1 Wavefronts Shared"
+"0x10","      HGMMA.64x64x8.F32.TF32 R24, gdesc[UR4], RZ","10","4","0","10","0","0","0"
+"0x20","  @!P0 LDS.64 R2, [R4]","30","8","0","5","25","6","8"
+"0x30","      BAR.SYNC.DEFER_BLOCKING 0x0","0","4","0","0","0","0","0"
+"0x40","      MUFU.EX2 R2, R2","40","8","30","10","0","0","0"
+"0x50","      STS [R6], R2","20","8","0","0","20","0","8"
+'''
+
+
+def test_ncu_source_sums_samples_by_reason_op_and_phase(tmp_path):
+    ncu_source = _tool("ncu_source")
+    path = tmp_path / "sass.csv"
+    path.write_text(NCU_CSV)
+    (name, header, rows), = ncu_source.read(str(path))
+    assert ncu_source.short_name(name) == "dkdv_wgmma_wide"
+    assert ncu_source.op_of("  @!P0 LDS.64 R2, [R4]") == "LDS"
+    lines = ncu_source.summarize(header, rows, top=3)
+    text = "\n".join(lines)
+    assert lines[0] == "5 instructions, 100 stall samples, 32 warp instructions executed"
+    assert "stall reasons (share of samples): mio 0.45, barrier 0.30, wait 0.25" in text
+    assert "  MUFU        0.400  0.250     1  [barrier 0.75, wait 0.25]" in lines
+    # phase 0: HGMMA, LDS and the BAR (40 samples); phase 1: MUFU and STS (60)
+    phases = [ln for ln in lines if ln.startswith("    ")]
+    assert len(phases) == 2 and "0.400" in phases[0] and "HGMMA 1 LDS 1" in phases[0]
+    assert "0.600" in phases[1] and "MUFU 1 STS 1" in phases[1]
+    assert "LDS 0.75 of 8, STS 0.00 of 8" in lines[-1]
+    with pytest.raises(ValueError, match="not an ncu source page"):
+        ncu_source.summarize(["Address", "Source"], [])
