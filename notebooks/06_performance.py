@@ -187,7 +187,8 @@ OURS16, MMA16, PEERS16 = "numba-flash wgmma16", "numba-flash mma16", ("torch fla
 
 
 def curve16(impl, mode, d, causal, run=now16):
-    """{N: TFLOP/s} of one implementation in one panel of a bfloat16 run."""
+    """{N: TFLOP/s} of one implementation in one panel of a run (bfloat16 by default; claim 4
+    reads float32 runs with it)."""
     return dict(sorted((r["N"], r["tflops"]) for r in run["records"] if "tflops" in r
                        and (r["impl"], r["mode"], r["d"], r["causal"]) == (impl, mode, d, causal)))
 
@@ -363,10 +364,9 @@ today = {when: json.loads(data_file(name).read_text()) for when, name in TODAY.i
 
 def over_efficient(run, mode, d, causal):
     """{N: numba-flash wgmma's TFLOP/s / torch efficient's} in one run and panel."""
-    t = {(r["impl"], r["N"]): r["tflops"] for r in run["records"]
-         if (r["mode"], r["d"], r["causal"]) == (mode, d, causal)}
-    return {n: t["numba-flash wgmma", n] / t["torch efficient", n]
-            for impl, n in sorted(t) if impl == "numba-flash wgmma"}
+    ours, peer = (curve16(impl, mode, d, causal, run)
+                  for impl in ("numba-flash wgmma", "torch efficient"))
+    return {n: ours[n] / peer[n] for n in ours}
 
 
 fig, axes = plt.subplots(2, 4, figsize=(15, 6), sharex=True)
