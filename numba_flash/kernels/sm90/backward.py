@@ -11,7 +11,9 @@ the blocks of a head, running at once, add into different dQ rows).
 
 Per Q block (rows i), with the forward's operand roles (M = i):
   S = (scale Q) K^T formed as the forward formed it (sm90.operands), dP = dO V^T;
-  P = exp(S - lse_i) (support.make_recompute_p), dS = P (dP - D_i), D = rowsum(dO * O)
+  P = exp(S - lse_i) (support.make_recompute_p; the causal wide kernel: softmax.causal_key_limits,
+  exp_where),
+  dS = P (dP - D_i), D = rowsum(dO * O)
   (kernels/backward.py's preprocess);
   dV^T += dO^T P and dK^T += (scale Q)^T dS (M = the head dim, B = P^T, dS^T staged);
   dQ^T = K^T dS^T (A: the K tile read transposed, B = dS staged), times scale, added into dq
@@ -33,15 +35,16 @@ from numba import cuda, float32
 from ..backward import run_preprocess
 from ..mma import split_tf32
 from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, device_function, head_grid,
-                       head_index, kernel_jit, make_recompute_p)
+                       head_index, inlined_device_function, kernel_jit, make_recompute_p)
 from ..vector_io import AlignedDispatch
 from ..vector_io import add2_if as red_add2_if
 from .dq import run_dq
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add, add2,
                        add_in_turn, clear, make_chain_fragments, make_global_fragment,
-                       make_stage, row_stats, split_chain, split_fragment,
+                       make_stage, row_elements, row_stats, row_views, split_chain, split_fragment,
                        transposed_fragment,
                        transposed_fragment_chain_paired, transposed_fragment_paired)
+from .softmax import causal_key_limits, exp_where
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, position, products
 
 D_WIDE = 2 * D_PAD          # the wide kernel's head dim, zero-padded: two halves of 64
@@ -186,6 +189,32 @@ def make_accumulate_w_chained(x_exact=False, vector=False):
     return accumulate_w
 
 
+
+@functools.lru_cache(maxsize=None)
+def make_sdp_elements(views):
+    """(rows, step_elements): how the lean kernel reads the A elements of S's and dP's steps
+    (Q's and dO's rows i0, i1 of a Q block, make_global_fragment's global_elements):
+    rows(src, bh, i0, i1) once a Q block, then step_elements(row0, row1, src, bh, m0, valid0,
+    valid1, s, d, warp, lane) a step. views: from two 1-D row views indexed by column
+    (operands.row_views: the S/dP step 233 -> 203 SASS instructions), else from (head, row,
+    column) at every step. The causal kernel takes the views (1.04-1.06x in GPU time at d = 64,
+    H100, 2026-12-06); the unmasked kernel spilled with them (24 bytes) and ran 0.98x, so it
+    keeps the per-step form."""
+    elements = make_global_fragment(False, split=False)
+    if views:
+        def rows(src, bh, i0, i1):
+            return row_views(src, bh, i0, i1)
+
+        def step_elements(row0, row1, src, bh, m0, valid0, valid1, s, d, warp, lane):
+            return row_elements(row0, row1, valid0, valid1, s, d, lane)
+    else:
+        def rows(src, bh, i0, i1):
+            return src, src                      # (unused)
+
+        def step_elements(row0, row1, src, bh, m0, valid0, valid1, s, d, warp, lane):
+            return elements(src, bh, m0, s, d, warp, lane)
+    return inlined_device_function(rows), inlined_device_function(step_elements)
+
 @functools.lru_cache(maxsize=None)
 def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=True,
                      half=False):
@@ -208,7 +237,7 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     DQ_OUT = dq_out
     dq_fragment = transposed_fragment_paired if vector_atomics else transposed_fragment
     add_dq_acc = add_dq_pairs if vector_atomics else add_dq
-    elements = make_global_fragment(False, split=False)
+    rows, step_elements = make_sdp_elements(causal)
     step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
     recompute_p = make_recompute_p(float32, causal, select=True)
@@ -260,14 +289,17 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 clear(s_acc)
                 clear(dp_acc)
-                xq = elements(q, bh, m0, 0, d, warp, lane)
-                xdo = elements(dout, bh, m0, 0, d, warp, lane)
+                v0, v1 = i0 < nq, i1 < nq     # rows past nq: zeros, as before (P = 0 there)
+                q0, q1 = rows(q, bh, i0, i1)
+                do0, do1 = rows(dout, bh, i0, i1)
+                xq = step_elements(q0, q1, q, bh, m0, v0, v1, 0, d, warp, lane)
+                xdo = step_elements(do0, do1, dout, bh, m0, v0, v1, 0, d, warp, lane)
                 for s in range(STEPS):
                     # (past the last step: zeros, columns >= d; nothing loaded)
                     q_big, q_small = split_fragment(xq, scale)
                     do_big, do_small = split_fragment(xdo, float32(1.0))
-                    xq = elements(q, bh, m0, s + 1, d, warp, lane)
-                    xdo = elements(dout, bh, m0, s + 1, d, warp, lane)
+                    xq = step_elements(q0, q1, q, bh, m0, v0, v1, s + 1, d, warp, lane)
+                    xdo = step_elements(do0, do1, dout, bh, m0, v0, v1, s + 1, d, warp, lane)
                     add2(s_acc, dp_acc, step2_regs(sm, q_big, q_small, U(K_T), U(K_T + TILE),
                                                    do_big, do_small, U(V_T), U(V_T + TILE), s,
                                                    U(LEAN_SCRATCH_AT)))
@@ -303,11 +335,14 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                 cuda.syncthreads()                     # dS^T read by every warp
                 if DQ_OUT:
                     for nt in range(REGS // 4):
-                        for e in range(4):
-                            off = ds_base + U(512 * (e // 2) + 64 * nt + e % 2)
-                            db, dsm = split_tf32(dp_acc[4 * nt + e])
-                            sm[U(W_T) + off] = db
-                            sm[U(W_T + TILE) + off] = dsm
+                        for hi in range(2):
+                            off = ds_base + U(512 * hi + 64 * nt)
+                            db0, dsm0 = split_tf32(dp_acc[4 * nt + 2 * hi])
+                            db1, dsm1 = split_tf32(dp_acc[4 * nt + 2 * hi + 1])
+                            sm[U(W_T) + off] = db0
+                            sm[U(W_T) + off + U(1)] = db1
+                            sm[U(W_T + TILE) + off] = dsm0
+                            sm[U(W_T + TILE) + off + U(1)] = dsm1
                     fence_proxy_async()
                     cuda.syncthreads()
                     clear(dq_acc)
@@ -366,6 +401,8 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     chained_regs_dq = products(BLOCK, D_PAD, D_PAD,
                                "a" if half else None)["chained_3xtf32_regs"]
     chain_elements = make_chain_fragments(False, True, vector_loads)
+    # causal: P's mask as one bound a row (softmax.causal_key_limits); unmasked, the per-entry
+    # test, which the bound ran 0.986x there (GPU time, H200, 2026-12-06)
     recompute_p = make_recompute_p(float32, causal, select=True)
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)
     uBM = U(BLOCK)
@@ -458,27 +495,42 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                 cuda.syncthreads()
                 # 3. P = exp(S - lse_i) and dS = P (dP - D_i) on this warpgroup's keys, written
                 # as P^T, dS^T and dS (i-major); then both: dV^T[half w] += dO^T P
+                if causal:
+                    lim0, lim1 = causal_key_limits(lse0, lse1, i0, i1, n0 + key0 + col_t, nq,
+                                                   nk)
                 for nt in range(REGS // 8):
-                    for e in range(4):
-                        jh = 4 * nt + e
-                        hi, b = e // 2, e % 2
-                        off = pt_half + U(512 * nt + 64 * hi + 4 * b)
-                        theirs = sm[U(PT_T) + off]
-                        s_ij = acc[jh] if wg == U(0) else theirs
-                        dp_ij = theirs if wg == U(0) else acc[REGS // 2 + jh]
-                        il = row + U(8 * hi)
-                        jl = key0 + U(8 * nt + b) + col_t
-                        p = recompute_p(s_ij, lse1 if hi else lse0, m0 + il, n0 + jl, nq, nk)
-                        pb, ps = split_tf32(p)
-                        sm[U(PT_T) + off] = pb
-                        sm[U(PT_T + TILE) + off] = ps
-                        db, dsm = split_tf32(p * (dp_ij - (D1 if hi else D0)))
-                        sm[U(DST_T) + off] = db
-                        sm[U(DST_T + TILE) + off] = dsm
-                        if DQ_OUT:
-                            off_ds = ds_half + U(512 * hi + 64 * nt + b)
-                            sm[U(DS_T) + off_ds] = db
-                            sm[U(DS_T + TILE) + off_ds] = dsm
+                    for hi in range(2):
+                        # entries b = 0, 1: keys col_t and col_t + 1 of one row, adjacent in dS
+                        ds_big = cuda.local.array(2, float32)
+                        ds_small = cuda.local.array(2, float32)
+                        for b in range(2):
+                            jh = 4 * nt + 2 * hi + b
+                            off = pt_half + U(512 * nt + 64 * hi + 4 * b)
+                            theirs = sm[U(PT_T) + off]
+                            s_ij = acc[jh] if wg == U(0) else theirs
+                            dp_ij = theirs if wg == U(0) else acc[REGS // 2 + jh]
+                            if causal:
+                                p = exp_where(s_ij, lse1 if hi else lse0, U(8 * nt + b),
+                                              lim1 if hi else lim0)
+                            else:
+                                il = row + U(8 * hi)
+                                jl = key0 + U(8 * nt + b) + col_t
+                                p = recompute_p(s_ij, lse1 if hi else lse0, m0 + il, n0 + jl,
+                                                nq, nk)
+                            pb, ps = split_tf32(p)
+                            sm[U(PT_T) + off] = pb
+                            sm[U(PT_T + TILE) + off] = ps
+                            db, dsm = split_tf32(p * (dp_ij - (D1 if hi else D0)))
+                            sm[U(DST_T) + off] = db
+                            sm[U(DST_T + TILE) + off] = dsm
+                            ds_big[b] = db
+                            ds_small[b] = dsm
+                        if DQ_OUT:       # the pair side by side: one 8-byte store each
+                            off_ds = ds_half + U(512 * hi + 64 * nt)
+                            sm[U(DS_T) + off_ds] = ds_big[0]
+                            sm[U(DS_T) + off_ds + U(1)] = ds_big[1]
+                            sm[U(DS_T + TILE) + off_ds] = ds_small[0]
+                            sm[U(DS_T + TILE) + off_ds + U(1)] = ds_small[1]
                 fence_proxy_async()
                 cuda.syncthreads()
                 accumulate_dv_chained(sm, dv_acc, U(PT_T), dout, bh, m0, float32(1.0), d,

@@ -356,6 +356,30 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False):
     return global_fragment if split else global_elements
 
 
+
+@device_function
+def row_views(src, head, i0, i1):
+    """(row0, row1): src[head, i0] and src[head, i1] as 1-D views, a row past the last one
+    clamped to it (its elements are never read: row_elements' valid), so that a loop over
+    steps indexes them by column alone (global_elements' addresses were formed in 64 bits
+    from (head, row, column) at every step)."""
+    last = U(src.shape[1]) - U(1)
+    return src[head, min(i0, last)], src[head, min(i1, last)]
+
+
+@device_function
+def row_elements(row0, row1, valid0, valid1, s, d, lane):
+    """make_global_fragment's global_elements (not transposed) of step s from row_views'
+    rows: the thread's four elements X[r, c], X[r + 8, c], X[r, c + 4], X[r + 8, c + 4],
+    c = 8 s + lane % 4; zero on a row that is not valid (past the last) and past column d."""
+    c = U(STEP * s) + lane % U(4)
+    c4 = c + U(4)
+    zero = float32(0.0)
+    return (row0[c] if valid0 and c < d else zero,
+            row1[c] if valid1 and c < d else zero,
+            row0[c4] if valid0 and c4 < d else zero,
+            row1[c4] if valid1 and c4 < d else zero)
+
 @functools.lru_cache(maxsize=None)
 def make_chain_fragments(transposed, permuted=False, vector=False, paired=False):
     """chain_elements(x, src, head, row0, s0, d, warp, lane): the elements of the register A
