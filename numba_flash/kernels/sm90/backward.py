@@ -197,9 +197,10 @@ def make_sdp_elements(views):
     rows(src, bh, i0, i1) once a Q block, then step_elements(row0, row1, src, bh, m0, valid0,
     valid1, s, d, warp, lane) a step. views: from two 1-D row views indexed by column
     (operands.row_views: the S/dP step 233 -> 203 SASS instructions), else from (head, row,
-    column) at every step. The causal kernel takes the views (1.04-1.06x in GPU time at d = 64,
-    H100, 2026-12-06); the unmasked kernel spilled with them (24 bytes) and ran 0.98x, so it
-    keeps the per-step form."""
+    column) at every step. The causal kernel with dQ takes the views (1.04-1.06x in GPU time at
+    d = 64, H100, 2026-12-06); the unmasked kernel spilled with them (24 bytes) and ran 0.98x,
+    and the deterministic path's causal one (no dQ) spilled more (40 -> 64 bytes of stack,
+    not timed), so those keep the per-step form."""
     elements = make_global_fragment(False, split=False)
     if views:
         def rows(src, bh, i0, i1):
@@ -237,7 +238,7 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     DQ_OUT = dq_out
     dq_fragment = transposed_fragment_paired if vector_atomics else transposed_fragment
     add_dq_acc = add_dq_pairs if vector_atomics else add_dq
-    rows, step_elements = make_sdp_elements(causal)
+    rows, step_elements = make_sdp_elements(causal and dq_out)
     step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
     recompute_p = make_recompute_p(float32, causal, select=True)
