@@ -74,6 +74,12 @@ def test_gpu_time_compare_matches_rows_and_reports_speedups():
     assert "different GPUs" in gpu_time.compare(base, new)[1]
     del base["device"]                           # a file from before devices were recorded
     assert "GPU not recorded" in gpu_time.compare(base, new)[0]
+    base["device"] = new["device"] = "NVIDIA H200"
+    new["deterministic"] = True                  # the backward's other path: said, not hidden
+    lines = gpu_time.compare(base, new)
+    assert "deterministic=True, the other not" in lines[1] and "deterministic" in lines[2]
+    base["deterministic"] = True
+    assert not any("WARNING" in line for line in gpu_time.compare(base, new)[1:])
 
 
 # a made-up ncu source page (--page source --csv --print-source sass) of one kernel, the

@@ -10,6 +10,8 @@ hides kernel changes of a few percent. This shows them.
     python tools/gpu_time.py --mode fwd+bwd --json out.json
     python tools/gpu_time.py --d 128 --n 1024 --json new.json         # one head dim
     python tools/gpu_time.py --compare base.json new.json             # A/B of two trees' runs
+    python tools/gpu_time.py --mode fwd+bwd --deterministic ...       # the backward without
+                                                                      # atomics (its dQ pass)
 
 The grid is the benchmark's (B = 16384 / N, H = 2048 / d), d 64 and 128, causal off and on;
 TFLOP/s counted as the bench counts them (forward 4 B H N^2 d, halved under causal masking,
@@ -53,7 +55,12 @@ def compare(base, new):
     lines = [f"base: {gpus[0]}, {base.get('date', '?')}; new: {gpus[1]}, {new.get('date', '?')}"]
     if gpus[0] != gpus[1]:
         lines.append("WARNING: the two runs were on different GPUs; their times do not compare")
-    lines.append(f"{base.get('kernel', '?')} {new['rows'][0]['mode'] if new['rows'] else ''}: "
+    paths = [run.get("deterministic", False) for run in (base, new)]
+    if paths[0] != paths[1]:
+        lines.append("WARNING: one run is deterministic=True, the other not; their backwards "
+                     "are different kernels")
+    mode = (new["rows"][0]["mode"] if new["rows"] else "") + (" deterministic" if paths[1] else "")
+    lines.append(f"{base.get('kernel', '?')} {mode}: "
                  f"d N causal | base ms -> new ms (speed-up) | peer ms base / new | peer / new")
     for r in new["rows"]:
         b = old.get(key(r))
@@ -76,10 +83,15 @@ def main(argv=None):
     ap.add_argument("--n", type=int, nargs="+", default=[1024, 4096, 16384])
     ap.add_argument("--d", type=int, nargs="+", default=[64, 128], choices=(64, 128),
                     help="head dims (default both)")
+    ap.add_argument("--deterministic", action="store_true",
+                    help="fwd+bwd: the backward with deterministic=True (no dQ atomics; where the "
+                         "pair has a dQ pass, that pass)")
     ap.add_argument("--json", help="write the rows here (after each one)")
     ap.add_argument("--compare", nargs=2, metavar=("BASE", "NEW"),
                     help="print the A/B table of two --json files and exit (no GPU)")
     args = ap.parse_args(argv)
+    if args.deterministic and args.mode != "fwd+bwd":
+        ap.error("--deterministic needs --mode fwd+bwd")
     if args.compare:
         base, new = (json.load(open(path)) for path in args.compare)
         print("\n".join(compare(base, new)))
@@ -96,7 +108,8 @@ def main(argv=None):
     dt, backward = getattr(torch, args.dtype), args.mode == "fwd+bwd"
     rows, gpu = [], torch.cuda.get_device_name()
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    print(f"{args.kernel} beside torch {args.peer}, {args.dtype}, {args.mode}, on {gpu}, "
+    det = " deterministic" if args.deterministic else ""
+    print(f"{args.kernel} beside torch {args.peer}, {args.dtype}, {args.mode}{det}, on {gpu}, "
           f"{date}: GPU ms a call (TFLOP/s)")
     for d in args.d:
         for n in args.n:
@@ -110,7 +123,8 @@ def main(argv=None):
                     o, lse = flash_attention_forward(q, k, v, causal=causal, kernel=args.kernel)
                     if backward:
                         flash_attention_backward(do, q, k, v, o, lse, causal=causal,
-                                                 kernel=args.kernel)
+                                                 kernel=args.kernel,
+                                                 deterministic=args.deterministic)
 
                 qg, kg, vg = (x.detach().requires_grad_(backward) for x in (q, k, v))
 
@@ -133,7 +147,8 @@ def main(argv=None):
                 if args.json:
                     with open(args.json, "w") as f:
                         json.dump(dict(kernel=args.kernel, peer=args.peer, device=gpu,
-                                       date=date, rows=rows), f, indent=1)
+                                       date=date, deterministic=args.deterministic,
+                                       rows=rows), f, indent=1)
 
 
 if __name__ == "__main__":
