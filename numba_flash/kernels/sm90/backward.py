@@ -41,8 +41,8 @@ from ..vector_io import add2_if as red_add2_if
 from .dq import run_dq
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add, add2,
                        add_in_turn, clear, make_chain_fragments, make_global_fragment,
-                       make_stage, row_elements, row_stats, row_views, split_chain, split_fragment,
-                       transposed_fragment,
+                       make_stage, row_elements, row_stats, row_views, split_chain,
+                       split_fragment, transposed_fragment,
                        transposed_fragment_chain_paired, transposed_fragment_paired)
 from .softmax import causal_key_limits, exp_where
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, position, products
@@ -189,7 +189,6 @@ def make_accumulate_w_chained(x_exact=False, vector=False):
     return accumulate_w
 
 
-
 @functools.lru_cache(maxsize=None)
 def make_sdp_elements(views):
     """(rows, step_elements): how the lean kernel reads the A elements of S's and dP's steps
@@ -215,6 +214,7 @@ def make_sdp_elements(views):
         def step_elements(row0, row1, src, bh, m0, valid0, valid1, s, d, warp, lane):
             return elements(src, bh, m0, s, d, warp, lane)
     return inlined_device_function(rows), inlined_device_function(step_elements)
+
 
 @functools.lru_cache(maxsize=None)
 def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=True,

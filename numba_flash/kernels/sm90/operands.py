@@ -356,7 +356,6 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False):
     return global_fragment if split else global_elements
 
 
-
 @device_function
 def row_views(src, head, i0, i1):
     """(row0, row1): src[head, i0] and src[head, i1] as 1-D views, a row past the last one
@@ -379,6 +378,7 @@ def row_elements(row0, row1, valid0, valid1, s, d, lane):
             row1[c] if valid1 and c < d else zero,
             row0[c4] if valid0 and c4 < d else zero,
             row1[c4] if valid1 and c4 < d else zero)
+
 
 @functools.lru_cache(maxsize=None)
 def make_chain_fragments(transposed, permuted=False, vector=False, paired=False):
