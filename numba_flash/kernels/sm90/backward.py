@@ -402,8 +402,9 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     chained_regs_dq = products(BLOCK, D_PAD, D_PAD,
                                "a" if half else None)["chained_3xtf32_regs"]
     chain_elements = make_chain_fragments(False, True, vector_loads)
-    # causal: P's mask as one bound a row (softmax.causal_key_limits); unmasked, the per-entry
-    # test, which the bound ran 0.986x there (GPU time, H200, 2026-12-06)
+    # causal: P's mask as one bound a row (softmax.causal_key_limits, 1.01-1.025x); unmasked,
+    # recompute_p's per-entry test (this kernel ran 0.986x with the bound there; GPU time, H200,
+    # 2026-12-06)
     recompute_p = make_recompute_p(float32, causal, select=True)
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)
     uBM = U(BLOCK)
