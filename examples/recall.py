@@ -20,6 +20,7 @@ the time per step; --json keeps every step's losses (notebooks/08_training.py pl
 import argparse
 import json
 import math
+import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -62,6 +63,15 @@ class Task:
 def sdpa(q, k, v):
     """torch's scaled_dot_product_attention, causal."""
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def resolved_kernel(kernel, d, dtype):
+    """The name of the registered pair that numba-flash runs for `kernel` ("auto" or a name)
+    at head dim d on q, k, v of torch `dtype`, on this process's device."""
+    import numpy as np
+    from numba_flash import arrays, registry
+    np_dtype = arrays.BFLOAT16 if dtype == torch.bfloat16 else str(dtype).replace("torch.", "")
+    return registry.resolve(kernel, d, np.dtype(np_dtype)).name
 
 
 def numba_flash_attention(kernel="auto"):
@@ -113,18 +123,21 @@ def train(model, task, attend, steps, batch_size, lr=3e-3, seed=0, device="cpu",
     """Train with AdamW on batches drawn from `seed` (the same batches for the same seed);
     autocast: None, or a half dtype the forward runs in under torch.autocast (mixed
     precision: float32 weights, q, k, v and the attention in that dtype).
-    Returns dict(loss=[per step], accuracy=[per step], seconds_per_step) where accuracy is the
-    fraction of answers predicted right (argmax) in that step's batch."""
+    Returns dict(loss=[per step], accuracy=[per step], step_seconds=[per step],
+    seconds_per_step, first_step_seconds) where accuracy is the fraction of answers predicted
+    right (argmax) in that step's batch, and seconds_per_step is the median step after the
+    first: the first compiles the kernels (or loads them from the cache) and is kept apart.
+    Each step ends in loss.item(), which waits for the GPU, so a step's time is its own."""
     import contextlib
     from tqdm import tqdm
     generator = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    losses, accuracies = [], []
+    losses, accuracies, step_seconds = [], [], []
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     bar = tqdm(range(steps), desc=desc, disable=not progress, file=sys.stderr)
     sync()
-    t0 = time.perf_counter()
     for _ in bar:
+        t0 = time.perf_counter()
         tokens, targets = task.batch(batch_size, generator, device)
         with (torch.autocast(torch.device(device).type, dtype=autocast) if autocast
               else contextlib.nullcontext()):
@@ -136,10 +149,12 @@ def train(model, task, attend, steps, batch_size, lr=3e-3, seed=0, device="cpu",
         scored = targets != -100
         accuracies.append((logits.argmax(-1)[scored] == targets[scored]).float().mean().item())
         losses.append(loss.item())
+        step_seconds.append(time.perf_counter() - t0)
         bar.set_postfix(loss=f"{losses[-1]:.3f}", acc=f"{accuracies[-1]:.2f}")
-    sync()
-    return dict(loss=losses, accuracy=accuracies,
-                seconds_per_step=(time.perf_counter() - t0) / max(steps, 1))
+    steady = step_seconds[1:] or step_seconds
+    return dict(loss=losses, accuracy=accuracies, step_seconds=step_seconds,
+                seconds_per_step=statistics.median(steady) if steady else float("nan"),
+                first_step_seconds=step_seconds[0] if step_seconds else float("nan"))
 
 
 def compare(task, steps, batch_size, width=64, heads=4, layers=2, lr=3e-3, seed=0,
@@ -148,7 +163,8 @@ def compare(task, steps, batch_size, width=64, heads=4, layers=2, lr=3e-3, seed=
     batches; dtype: float32 or float64 (the model in it), or bfloat16 / float16 (float32
     weights, the forward under torch.autocast in that dtype: mixed precision, q, k, v and
     the attention in half). Returns a dict: per-step losses and accuracies of both, the
-    largest relative difference of the losses, seconds per step of both, and the settings."""
+    largest relative difference of the losses, seconds per step of both, the settings and
+    the pair that ran (`resolved`, for kernel="auto")."""
     half = dtype in (torch.bfloat16, torch.float16)
     torch.manual_seed(seed)
     first = GPT(task.vocab, task.length, width, heads, layers).to(
@@ -166,6 +182,7 @@ def compare(task, steps, batch_size, width=64, heads=4, layers=2, lr=3e-3, seed=
     return dict(task=asdict(task), steps=steps, batch_size=batch_size, width=width,
                 heads=heads, layers=layers, lr=lr, seed=seed, device=str(device),
                 dtype=str(dtype).replace("torch.", ""), kernel=kernel,
+                resolved=resolved_kernel(kernel, width // heads, dtype),
                 max_relative_loss_difference=rel, runs=runs)
 
 
@@ -195,7 +212,9 @@ def main(argv=None):
         for name, run in result["runs"].items():
             print(f"{name:12} final loss {run['loss'][-1]:.4f}  accuracy (last 10 steps) "
                   f"{sum(run['accuracy'][-10:]) / len(run['accuracy'][-10:]):.3f}  "
-                  f"{1e3 * run['seconds_per_step']:.1f} ms/step")
+                  f"{1e3 * run['seconds_per_step']:.1f} ms/step (median; first step "
+                  f"{run['first_step_seconds']:.2f} s)")
+        print(f"numba-flash ran kernel {result['resolved']!r}")
         print(f"largest relative difference of the loss curves: "
               f"{result['max_relative_loss_difference']:.2e} over {args.steps} steps")
     else:
@@ -207,7 +226,8 @@ def main(argv=None):
                     autocast=None if args.dtype == "float32" else getattr(torch, args.dtype))
         result = dict(task=asdict(task), runs={args.attention: run})
         print(f"final loss {run['loss'][-1]:.4f}, accuracy {run['accuracy'][-1]:.3f}, "
-              f"{1e3 * run['seconds_per_step']:.1f} ms/step")
+              f"{1e3 * run['seconds_per_step']:.1f} ms/step (median; first step "
+              f"{run['first_step_seconds']:.2f} s)")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f)

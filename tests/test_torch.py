@@ -157,6 +157,13 @@ def test_training_a_tiny_model_matches_sdpa_and_its_loss_falls(dtype, agree):
                             kernel="rowwise" if numba_flash.SIMULATOR else "auto",
                             device=DEVICE, dtype=getattr(torch, dtype))
     ours, theirs = result["runs"]["numba-flash"]["loss"], result["runs"]["sdpa"]["loss"]
+    if numba_flash.SIMULATOR:
+        assert result["resolved"] == "rowwise"
+    else:
+        assert result["resolved"] in numba_flash.registry.PAIRS
+    for run in result["runs"].values():     # a time per step; the median leaves the first out
+        assert len(run["step_seconds"]) == 3
+        assert run["seconds_per_step"] == np.median(run["step_seconds"][1:])
     assert ours[-1] < ours[0]
     assert result["max_relative_loss_difference"] < agree, (ours, theirs)
 
