@@ -26,6 +26,7 @@ from .forward import BLOCK_M_WIDE, STAGE_LOADS, split_ds_chain
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add,
                        add_in_turn, clear, make_global_fragment, make_lean_s, make_stage,
                        make_wide_s, row_stats)
+from .softmax import causal_key_limits, exp_where
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
 # lean: scale Q, K, V (both K-major over the head dim), K^T permuted; each big then small
@@ -43,15 +44,22 @@ DOUT_ARG = 3                # dout's position in the arguments (q's is 0)
 def make_ds(causal):
     """ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk): S's
     accumulator (rows i0, i1, keys n0 + col_t.., wgmma.position) becomes dS = P (dP - D) with
-    P = exp(S - lse) (masked: support.make_recompute_p)."""
+    P = exp(S - lse) (masked: support.make_recompute_p; causal: softmax.causal_key_limits,
+    one bound a row)."""
     recompute_p = make_recompute_p(float32, causal)
 
     @inlined_device_function
     def ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk):
+        if causal:
+            lim0, lim1 = causal_key_limits(lse0, lse1, i0, i1, n0 + col_t, nq, nk)
         for j in range(REGS):
             hi = (j % 4) // 2
-            key = n0 + U(8 * (j // 4) + j % 2) + col_t
-            p = recompute_p(s_acc[j], lse1 if hi else lse0, i1 if hi else i0, key, nq, nk)
+            if causal:
+                p = exp_where(s_acc[j], lse1 if hi else lse0, U(8 * (j // 4) + j % 2),
+                              lim1 if hi else lim0)
+            else:
+                key = n0 + U(8 * (j // 4) + j % 2) + col_t
+                p = recompute_p(s_acc[j], lse1 if hi else lse0, i1 if hi else i0, key, nq, nk)
             s_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
     return ds_in_place
 
