@@ -1,15 +1,22 @@
 """Host µs of each piece of one API forward of the 16-bit Hopper pair on the TMA path
-(wgmma16, bfloat16, d = 64, causal, N = 1k; B = 16, H = 32), each timed alone in a loop
-without synchronization: the calls' memo, the registry's factory, the stream lookup, the two
-allocations, the three array imports, the TMA checks and the tensor maps' cache, the results'
-return, the Launcher's specialization lookup and argument packing, and the driver and Numba
-calls a launch made before 2026-12-06 (get_context, _to_core_stream, dimensions, LaunchConfig).
-Rows that launch a kernel are bound by the GPU in such a loop (~119 µs on an H100 here), not
-by the host: they are the kernel's throughput, printed as a reminder.
+(wgmma16, bfloat16, d = 64, causal), each timed alone in a loop without synchronization: the
+calls' memo, the registry's factory, the stream lookup, the two allocations, the three array
+imports, the TMA checks and the tensor maps' cache, the results' return, the Launcher's
+specialization lookup and argument packing, the launch itself, and the driver and Numba calls
+a launch made before 2026-12-06 (get_context, _to_core_stream, dimensions, LaunchConfig);
+beside them torch's flash SDPA on the same inputs, and both with a synchronization a call
+(what numba-flash bench pays).
 
-    python tools/host_pieces.py
+The default size is tiny (B = 1, H = 2, N = 128) so that the rows that launch a kernel are
+bound by the host: at the benchmark's grid (--b 16 --h 32 --n 1024, a forward kernel of
+~240 µs) a loop of 2000 calls fills the launch queue part way through and then runs at the
+GPU's pace, so those rows blend the two and are neither (2026-12-06's entries before 15:32
+timed such rows: 118.6 µs for the launch alone, 182 for the API forward).
 
-Run on an H100, 2026-12-06 (notebooks/data/host-time-maps-h100-2026-12-06.txt).
+    python tools/host_pieces.py [--b 1 --h 2 --n 128 --d 64]
+
+Run on an H100, 2026-12-06 (notebooks/data/host-time-maps-h100-2026-12-06.txt, at the
+benchmark's grid).
 """
 
 import numpy as np
@@ -21,7 +28,8 @@ def us(f, reps=2000):
     return per_call_us(f, reps)
 
 
-def main():
+def main(argv=None):
+    import argparse
     import ctypes
 
     import torch
@@ -30,15 +38,32 @@ def main():
     from numba.cuda.cudadrv import devices
     from numba.cuda.cudadrv.driver import _to_core_stream
     from numba.cuda.errors import normalize_kernel_dimensions
+    from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from numba_flash import api, arrays, flash_attention_forward, registry
     from numba_flash.kernels.sm90 import forward16, tma
     from numba_flash.kernels.support import ceil_div, head_grid
 
-    b, h, n, d = 16, 32, 1024, 64
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    for name, default in (("b", 1), ("h", 2), ("n", 128), ("d", 64)):
+        ap.add_argument(f"--{name}", type=int, default=default)
+    args = ap.parse_args(argv)
+    b, h, n, d = args.b, args.h, args.n, args.d
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    rows = {"API forward (kernel)": us(
-        lambda: flash_attention_forward(q, k, v, causal=True, kernel="wgmma16"))}
+
+    def forward():
+        return flash_attention_forward(q, k, v, causal=True, kernel="wgmma16")
+
+    def peer():
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def synchronized(f):
+        return lambda: (f(), torch.cuda.synchronize())
+
+    rows = {"API forward": us(forward), "API forward + synchronize": us(synchronized(forward))}
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):   # the peer's backend, chosen once
+        rows["torch flash SDPA (peer)"] = us(peer)
+        rows["torch flash SDPA + synchronize"] = us(synchronized(peer))
     pair = registry.PAIRS["wgmma16"]
     bf16 = np.dtype(arrays.BFLOAT16)
     launch_obj, threads = pair.make_forward(128, 64, d, True, bf16)
@@ -74,7 +99,7 @@ def main():
             p(a, packed)
         return packed
     rows["packing"] = us(pack)
-    rows["Launcher.launch (kernel)"] = us(lambda: launcher.launch(args, grid, threads, stream))
+    rows["Launcher.launch"] = us(lambda: launcher.launch(args, grid, threads, stream))
     # what a launch called before 2026-12-06, and what replaced the first
     rows["numba get_context()"] = us(lambda: devices.get_context().device.id)
     rows["cuCtxGetCurrent (cuda.bindings)"] = us(lambda: driver.cuCtxGetCurrent())
@@ -86,7 +111,8 @@ def main():
     rows["_to_core_stream"] = us(lambda: _to_core_stream(stream))
     g, blk = normalize_kernel_dimensions(grid, threads)
     rows["LaunchConfig"] = us(lambda: LaunchConfig(grid=g, block=blk, shmem_size=launcher.nbytes))
-    print(f"host us a call, wgmma16 bf16 d={d} N={n} causal, on {torch.cuda.get_device_name()}")
+    print(f"host us a call, wgmma16 bf16 B={b} H={h} N={n} d={d} causal, on "
+          f"{torch.cuda.get_device_name()}")
     for name, value in rows.items():
         print(f"  {name:34s} {value:8.1f}")
 
