@@ -102,11 +102,12 @@ loss_sdpa16, loss_ours16 = np.array(sdpa16["loss"]), np.array(ours16["loss"])
 apart = np.abs(loss_ours16 - loss_sdpa16) / loss_sdpa16
 sdpa_own = np.abs(loss_sdpa16 - loss_sdpa) / loss_sdpa
 ours_own = np.abs(loss_ours16 - loss_sdpa) / loss_sdpa
-print(f"bf16 ({half['resolved']}): numba-flash vs SDPA, first 150 steps max {apart[:150].max():.4f}, median "
-      f"{np.median(apart):.4f}; SDPA bf16 vs SDPA float32 max {sdpa_own.max():.3f}, median "
-      f"{np.median(sdpa_own):.4f}; numba-flash bf16 vs SDPA float32 max {ours_own.max():.3f}, "
-      f"first 150 steps {ours_own[:150].max():.4f}; ms per step SDPA {1e3 * sdpa16['seconds_per_step']:.1f}, "
-      f"numba-flash {1e3 * ours16['seconds_per_step']:.1f}")
+print(f"bf16 ({half['resolved']}): numba-flash vs SDPA, first 150 steps max "
+      f"{apart[:150].max():.4f}, median {np.median(apart):.4f}; SDPA bf16 vs SDPA float32 max "
+      f"{sdpa_own.max():.3f}, median {np.median(sdpa_own):.4f}; numba-flash bf16 vs SDPA "
+      f"float32 max {ours_own.max():.3f}, first 150 steps {ours_own[:150].max():.4f}; ms per "
+      f"step SDPA {1e3 * sdpa16['seconds_per_step']:.1f}, numba-flash "
+      f"{1e3 * ours16['seconds_per_step']:.1f}")
 fig, axes = plt.subplots(1, 2, figsize=(13, 3.6))
 for name, loss, style in (("SDPA float32", loss_sdpa, "-"), ("SDPA bf16", loss_sdpa16, "-"),
                           ("numba-flash float32", loss_ours, "--"),
