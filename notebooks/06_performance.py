@@ -391,26 +391,37 @@ def over_efficient(run, mode, d, causal):
     return {n: ours[n] / peer[n] for n in ours}
 
 
-fig, axes = plt.subplots(2, 4, figsize=(15, 6), sharex=True)
-for row, (mode, target) in enumerate((("fwd", 1.0), ("fwd+bwd", 1.5))):
-    for col, (d, causal) in enumerate(PANELS):
-        ax = axes[row, col]
-        for i, (when, run) in enumerate(today.items()):
-            pts = over_efficient(run, mode, d, causal)
-            ax.semilogx(list(pts), list(pts.values()), marker="o", color="C0",
-                        alpha=0.25 + 0.25 * i, label=f"wgmma, {when} UTC")
-        ax.axhline(target, color="C3", ls="--", lw=1, label=f"issue 25's {target}x")
-        ax.axhline(1.0, color="k", lw=0.6)
-        ax.set_title(f"f32 {mode} d={d}{' causal' if causal else ''} (H100)", fontsize=9)
-        ax.set_xticks([1024, 4096, 16384], ["1k", "4k", "16k"])
-        ax.minorticks_off()
-    axes[row, 0].set_ylabel("wgmma / torch efficient")
-    axes[row, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
-show(fig, "float32_h100_today")
-for when, run in today.items():
-    print(when, {mode: [round(x, 2) for d, c in PANELS
-                        for x in over_efficient(run, mode, d, c).values()]
-                 for mode in ("fwd", "fwd+bwd")})
+def ratio_panels(runs, ratio, label, dtype, targets, ylabel, name, extra=None):
+    """Forward (top) and forward+backward (bottom) by PANELS: ratio(run, mode, d, causal)
+    ({N: x}) of each of `runs` ({time: run}), the later darker; targets[mode] = (y, label) of
+    the issue's dashed line; extra(ax, mode, d, causal) draws more. Prints each run's ratios."""
+    fig, axes = plt.subplots(2, 4, figsize=(15, 6), sharex=True)
+    for row, mode in enumerate(("fwd", "fwd+bwd")):
+        for col, (d, causal) in enumerate(PANELS):
+            ax = axes[row, col]
+            for i, (when, run) in enumerate(runs.items()):
+                pts = ratio(run, mode, d, causal)
+                ax.semilogx(list(pts), list(pts.values()), marker="o", color="C0",
+                            alpha=0.25 + 0.75 * (i + 1) / len(runs), label=f"{label}, {when} UTC")
+            if extra is not None:
+                extra(ax, mode, d, causal)
+            y, target_label = targets[mode]
+            ax.axhline(y, color="C3", ls="--", lw=1, label=target_label)
+            ax.axhline(1.0, color="k", lw=0.6)
+            ax.set_title(f"{dtype} {mode} d={d}{' causal' if causal else ''} (H100)", fontsize=9)
+            ax.set_xticks([1024, 4096, 16384], ["1k", "4k", "16k"])
+            ax.minorticks_off()
+        axes[row, 0].set_ylabel(ylabel)
+        axes[row, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
+    show(fig, name)
+    for when, run in runs.items():
+        print(when, {mode: [round(x, 2) for d, c in PANELS for x in ratio(run, mode, d, c).values()]
+                     for mode in ("fwd", "fwd+bwd")})
+
+
+ratio_panels(today, over_efficient, "wgmma", "f32",
+             {"fwd": (1.0, "issue 25's 1.0x"), "fwd+bwd": (1.5, "issue 25's 1.5x")},
+             "wgmma / torch efficient", "float32_h100_today")
 
 # %% [markdown]
 # Claim 5: bfloat16 on an H100, 2026-12-06, `wgmma16`'s TFLOP/s as a multiple of torch's
@@ -430,27 +441,15 @@ def over_fa2(run, mode, d, causal, impl=OURS16):
     return {n: ours[n] / fa2[n] for n in ours}
 
 
-fig, axes = plt.subplots(2, 4, figsize=(15, 6), sharex=True)
-for row, mode in enumerate(("fwd", "fwd+bwd")):
-    for col, (d, causal) in enumerate(PANELS):
-        ax = axes[row, col]
-        for i, (when, run) in enumerate(half_today.items()):
-            pts = over_fa2(run, mode, d, causal)
-            ax.semilogx(list(pts), list(pts.values()), marker="o", color="C0",
-                        alpha=0.35 + 0.3 * i, label=f"wgmma16, {when} UTC")
-        pts = over_fa2(half_today["16:22"], mode, d, causal, impl="torch cudnn")
-        ax.semilogx(list(pts), list(pts.values()), marker=".", color="C2", ls=":",
-                    label="torch cudnn, 16:22 UTC")
-        ax.axhline(1.0, color="C3", ls="--", lw=1, label="FlashAttention-2 (issue 24's 1.0x)")
-        ax.set_title(f"bf16 {mode} d={d}{' causal' if causal else ''} (H100)", fontsize=9)
-        ax.set_xticks([1024, 4096, 16384], ["1k", "4k", "16k"])
-        ax.minorticks_off()
-    axes[row, 0].set_ylabel("TFLOP/s / FlashAttention-2's")
-    axes[row, -1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1))
-show(fig, "bfloat16_h100_today")
-for when, run in half_today.items():
-    print(when, {mode: [round(x, 2) for d, c in PANELS for x in over_fa2(run, mode, d, c).values()]
-                 for mode in ("fwd", "fwd+bwd")})
+def cudnn_line(ax, mode, d, causal):
+    pts = over_fa2(half_today["16:22"], mode, d, causal, impl="torch cudnn")
+    ax.semilogx(list(pts), list(pts.values()), marker=".", color="C2", ls=":",
+                label="torch cudnn, 16:22 UTC")
+
+
+ratio_panels(half_today, over_fa2, "wgmma16", "bf16",
+             {mode: (1.0, "FlashAttention-2 (issue 24's 1.0x)") for mode in ("fwd", "fwd+bwd")},
+             "TFLOP/s / FlashAttention-2's", "bfloat16_h100_today", extra=cudnn_line)
 
 # %%
 rows = {t: {(r["d"], r["N"], r["causal"]): r for r in gpu_time[f"bf16-{t}"]["rows"]}
