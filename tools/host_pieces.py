@@ -2,10 +2,11 @@
 (wgmma16, bfloat16, d = 64, causal), each timed alone in a loop without synchronization: the
 calls' memo, the registry's factory, the stream lookup, the two allocations, the three array
 imports, the TMA checks and the tensor maps' cache, the results' return, the Launcher's
-specialization lookup and argument packing, the launch itself, and the driver and Numba calls
-a launch made before 2026-12-06 (get_context, _to_core_stream, dimensions, LaunchConfig);
-beside them torch's flash SDPA on the same inputs, and both with a synchronization a call
-(what numba-flash bench pays).
+specialization lookup and argument packing, the launch itself, the API forward with its
+launches left out (its host work but the launch's), and the driver and Numba calls a launch
+made before 2026-12-06 (get_context, _to_core_stream, dimensions, LaunchConfig); beside them
+torch's flash SDPA on the same inputs, and both with a synchronization a call (what
+numba-flash bench pays). --profile adds cProfile's top functions of 2000 API forwards.
 
 The default size is tiny (B = 1, H = 2, N = 128) so that the rows that launch a kernel are
 bound by the host: at the benchmark's grid (--b 16 --h 32 --n 1024, a forward kernel of
@@ -13,7 +14,7 @@ bound by the host: at the benchmark's grid (--b 16 --h 32 --n 1024, a forward ke
 GPU's pace, so those rows blend the two and are neither (2026-12-06's entries before 15:32
 timed such rows: 118.6 µs for the launch alone, 182 for the API forward).
 
-    python tools/host_pieces.py [--b 1 --h 2 --n 128 --d 64]
+    python tools/host_pieces.py [--b 1 --h 2 --n 128 --d 64] [--profile]
 
 Run on an H100, 2026-12-06 (notebooks/data/host-time-maps-h100-2026-12-06.txt, at the
 benchmark's grid).
@@ -30,7 +31,11 @@ def us(f, reps=2000):
 
 def main(argv=None):
     import argparse
+    import cProfile
     import ctypes
+    import io
+    import pstats
+    from unittest import mock
 
     import torch
     from cuda.bindings import driver
@@ -41,14 +46,17 @@ def main(argv=None):
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from numba_flash import api, arrays, flash_attention_forward, registry
+    from numba_flash.kernels.launch import Launcher
     from numba_flash.kernels.sm90 import forward16, tma
     from numba_flash.kernels.support import ceil_div, head_grid
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     for name, default in (("b", 1), ("h", 2), ("n", 128), ("d", 64)):
         ap.add_argument(f"--{name}", type=int, default=default)
+    ap.add_argument("--profile", action="store_true",
+                    help="cProfile of 2000 API forwards, top 30 functions by own time")
     args = ap.parse_args(argv)
-    b, h, n, d = args.b, args.h, args.n, args.d
+    b, h, n, d, profile = args.b, args.h, args.n, args.d, args.profile
     q, k, v = (torch.randn(b, h, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
 
     def forward():
@@ -100,6 +108,9 @@ def main(argv=None):
         return packed
     rows["packing"] = us(pack)
     rows["Launcher.launch"] = us(lambda: launcher.launch(args, grid, threads, stream))
+    # the API forward with every launch replaced by nothing: its host work but the launch's
+    with mock.patch.object(Launcher, "launch", lambda self, *a, **kw: None):
+        rows["API forward, launches left out"] = us(forward)
     # what a launch called before 2026-12-06, and what replaced the first
     rows["numba get_context()"] = us(lambda: devices.get_context().device.id)
     rows["cuCtxGetCurrent (cuda.bindings)"] = us(lambda: driver.cuCtxGetCurrent())
@@ -115,6 +126,14 @@ def main(argv=None):
           f"{torch.cuda.get_device_name()}")
     for name, value in rows.items():
         print(f"  {name:34s} {value:8.1f}")
+    if profile:
+        pr = cProfile.Profile()
+        pr.runcall(lambda: [forward() for _ in range(2000)])
+        torch.cuda.synchronize()
+        text = io.StringIO()
+        pstats.Stats(pr, stream=text).sort_stats("tottime").print_stats(30)
+        print("cProfile of 2000 API forwards (host-bound at this size), by own time:\n"
+              + text.getvalue())
 
 
 if __name__ == "__main__":
