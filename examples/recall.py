@@ -19,7 +19,6 @@ the time per step; --json keeps every step's losses (notebooks/08_training.py pl
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
