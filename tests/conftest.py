@@ -16,3 +16,13 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _no_plans_across_tests():
+    """Each test starts without forward plans (numba_flash.replay): a plan remembers what a
+    call did, so a test that changes a module's state (a grid limit, a dispatch) must not
+    meet one an earlier test made on memory at the same address."""
+    from numba_flash import replay
+    replay.clear()
+    yield

@@ -1,12 +1,13 @@
-"""Host µs of each piece of one API forward of the 16-bit Hopper pair on the TMA path
-(wgmma16, bfloat16, d = 64, causal), each timed alone in a loop without synchronization: the
-calls' memo, the registry's factory, the stream lookup, the two allocations, the three array
-imports, the TMA checks and the tensor maps' cache, the results' return, the Launcher's
-specialization lookup and argument packing, the launch itself, the API forward with its
-launches left out (its host work but the launch's), and the driver and Numba calls a launch
-made before 2026-12-06 (get_context, _to_core_stream, dimensions, LaunchConfig); beside them
-torch's flash SDPA on the same inputs, and both with a synchronization a call (what
-numba-flash bench pays). --profile adds cProfile's top functions of 2000 API forwards.
+"""Host µs of one API forward of the 16-bit Hopper pair on the TMA path (wgmma16, bfloat16, d = 64,
+causal), replayed from its plan (numba_flash.replay) and in full, and of each piece of the full
+call, each timed alone in a loop without synchronization: the calls' memo, the registry's
+factory, the stream lookup, the two allocations, the three array imports, the TMA checks and the
+tensor maps' cache, the results' return, the Launcher's specialization lookup and argument
+packing, the launch itself, the API forward with its launches left out (its host work but the
+launch's), and the driver and Numba calls a launch made before 2026-12-06 (get_context,
+_to_core_stream, dimensions, LaunchConfig); beside them torch's flash SDPA on the same inputs,
+and both with a synchronization a call (what numba-flash bench pays). --profile adds cProfile's
+top functions of 2000 API forwards.
 
 The default size is tiny (B = 1, H = 2, N = 128) so that the rows that launch a kernel are
 bound by the host: at the benchmark's grid (--b 16 --h 32 --n 1024, a forward kernel of
@@ -45,7 +46,7 @@ def main(argv=None):
     from numba.cuda.errors import normalize_kernel_dimensions
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from numba_flash import api, arrays, flash_attention_forward, registry
+    from numba_flash import api, arrays, flash_attention_forward, registry, replay
     from numba_flash.kernels.launch import Launcher
     from numba_flash.kernels.sm90 import forward16, tma
     from numba_flash.kernels.support import ceil_div, head_grid
@@ -68,7 +69,13 @@ def main(argv=None):
     def synchronized(f):
         return lambda: (f(), torch.cuda.synchronize())
 
-    rows = {"API forward": us(forward), "API forward + synchronize": us(synchronized(forward))}
+    def full_forward():         # the call in full: no plan to replay (numba_flash.replay)
+        replay.clear()
+        return forward()
+
+    rows = {"API forward": us(forward), "API forward + synchronize": us(synchronized(forward)),
+            "API forward in full (no plan)": us(full_forward),
+            "replay.clear alone": us(replay.clear)}
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):   # the peer's backend, chosen once
         rows["torch flash SDPA (peer)"] = us(peer)
         rows["torch flash SDPA + synchronize"] = us(synchronized(peer))
@@ -109,6 +116,7 @@ def main(argv=None):
     rows["packing"] = us(pack)
     rows["Launcher.launch"] = us(lambda: launcher.launch(args, grid, threads, stream))
     # the API forward with every launch replaced by nothing: its host work but the launch's
+    replay.clear()      # (a plan would launch without Launcher.launch; none is made here)
     with mock.patch.object(Launcher, "launch", lambda self, *a, **kw: None):
         rows["API forward, launches left out"] = us(forward)
     # what a launch called before 2026-12-06, and what replaced the first

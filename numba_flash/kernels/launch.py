@@ -19,6 +19,8 @@
   array argument: meminfo, parent, size, itemsize, data pointer, shape, strides in bytes (the
   layout of Numba's array struct), scalars as ctypes values; cuda.core then launches. Other
   arrays (Numba's DeviceNDArray) go through the specialization's own Numba launch.
+* **Launches listed on request.** Within `recording()`, this thread's launches are listed with
+  their packed arguments (numba_flash.replay makes an API call's plan of them).
 * **Nothing made twice.** The specialization is keyed by the current context's handle (one
   cuCtxGetCurrent, where Numba's get_context() took a lock and several driver calls); the
   normalized grid and block and cuda.core's LaunchConfig are kept a (grid, block), and
@@ -30,9 +32,11 @@ the dispatcher's typing, the opt-in's typing and the per-argument device-array v
 the dispatcher as it is (the simulator has no modules, limits or argument packing).
 """
 
+import contextlib
 import ctypes
 import math
 import threading
+from dataclasses import dataclass
 
 import numpy as np
 from numba import cuda
@@ -152,6 +156,9 @@ def _pack_view(a, out):
     out += (0, 0, a.size, a.dtype.itemsize, a.ptr, *a.shape, *a.strides)
 
 
+VIEW_PTR = 4        # where _pack_view puts a view's data pointer among its values
+
+
 def _packer(ty, value):
     """How an argument of Numba type ty, given as `value`'s kind, is packed for the launch
     (Numba's _Kernel._prepare_args does the same for these types); None where the
@@ -172,6 +179,35 @@ def _packer(ty, value):
 
 
 _compile_lock = threading.RLock()
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One launch as recording() lists it: the cuda.core kernel, LaunchConfig and Stream it
+    ran with, its arguments as given and as packed, and where each argument's packed values
+    start (a DeviceView's data pointer is packed[starts[i] + VIEW_PTR]). None in the list:
+    a launch Numba packed (an argument of a kind the Launcher does not pack)."""
+    kernel: object
+    config: object
+    stream: object
+    args: tuple
+    packed: tuple
+    starts: tuple
+
+
+_recording = threading.local()
+
+
+@contextlib.contextmanager
+def recording():
+    """Lists the launches this thread makes through Launchers within it (yields the list of
+    Launch, or None for a launch Numba packed). Nothing is listed on the simulator."""
+    outer = getattr(_recording, "launches", None)
+    _recording.launches = launches = []
+    try:
+        yield launches
+    finally:
+        _recording.launches = outer
 
 
 class Launcher:
@@ -221,7 +257,7 @@ class Launcher:
         """(compiled Numba kernel, its cuda.core kernel, packers or None) for these
         arguments in the current CUDA context: compiled, loaded and opted in on first use,
         under one lock."""
-        key = (_current_context(), tuple(map(arg_key, args)))
+        key = (current_context(), tuple(map(arg_key, args)))
         entry = self._compiled.get(key)
         if entry is not None:
             return entry
@@ -256,17 +292,25 @@ class Launcher:
                 self._configs.clear()
             self._configs[(grid, block)] = dims
         grid, block, config = dims
+        listed = getattr(_recording, "launches", None)
         if packers is None:
             Launcher.numba_launches += 1
             kern.launch(args, grid, block, _core_stream(stream), self.nbytes)
+            if listed is not None:
+                listed.append(None)
             return
-        packed = []
+        packed, starts = [], []
         for pack, a in zip(packers, args):
+            starts.append(len(packed))
             pack(a, packed)
-        launch(_core_stream(stream), config, cukernel, *packed)
+        core_stream = _core_stream(stream)
+        launch(core_stream, config, cukernel, *packed)
+        if listed is not None:
+            listed.append(Launch(cukernel, config, core_stream, tuple(args), tuple(packed),
+                                 tuple(starts)))
 
 
-def _current_context():
+def current_context():
     """The current CUDA context's handle (an int), made current as Numba makes it when there
     is none: what a loaded kernel belongs to. cuCtxGetCurrent alone, where Numba's
     get_context() took a lock and several driver calls at every launch."""
@@ -297,7 +341,7 @@ def _core_stream(stream):
     from numba.cuda.cudadrv.driver import Stream, _to_core_stream
     if stream and type(stream) is not Stream:
         return _to_core_stream(stream)
-    key = (_current_context(), int(stream.handle or 0) if stream else 0)
+    key = (current_context(), int(stream.handle or 0) if stream else 0)
     core = _core_streams.get(key)
     if core is None:
         if len(_core_streams) >= 64:        # a process that made many streams
