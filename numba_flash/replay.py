@@ -78,7 +78,8 @@ def key(q, k, v, options):
 
 class Plan:
     """One remembered forward: run() allocates out and lse as the remembered call returned
-    them and makes its launch with their pointers (module docstring)."""
+    them and makes its launch with their pointers written at out_at and lse_at, the packed
+    positions of the views of out and of lse (module docstring)."""
 
     __slots__ = ("pair", "launch", "out_at", "lse_at", "out_like", "lse_like", "held",
                  "nbytes")
@@ -107,7 +108,10 @@ class Plan:
             return None
         L = self.launch
         packed = list(L.packed)
-        packed[self.out_at], packed[self.lse_at] = o, m
+        for i in self.out_at:
+            packed[i] = o
+        for i in self.lse_at:
+            packed[i] = m
         launch(L.stream, L.config, L.kernel, *packed)
         for meter in AllocationMeter.active:
             meter.bytes += self.nbytes
@@ -135,27 +139,27 @@ def remember(plan_key, pair, launches, inputs, out, lse):
     o, m = out.data_ptr(), lse.data_ptr()
     if (o | m) % ALIGN:
         return
-    found, held = {}, []
+    found, held = {o: [], m: []}, []
     for a, start in zip(L.args, L.starts):
         if type(a) is not DeviceView:
             if isinstance(a, (DeviceView, tensor)) or hasattr(a, "__cuda_array_interface__"):
                 return          # (a kind of array the Launcher packed as a scalar: none today)
             continue            # a scalar: kept as packed
-        if a.ptr in (o, m):
-            if a.ptr in found or a.nbytes != (out if a.ptr == o else lse).nbytes:
+        if a.ptr in found:      # (the kernels without TMA take lse twice, in place of maps)
+            if a.nbytes != (out if a.ptr == o else lse).nbytes:
                 return
-            found[a.ptr] = start + VIEW_PTR
+            found[a.ptr].append(start + VIEW_PTR)
         elif a.ptr in inputs:
             continue            # keyed: the same memory at every replay
         elif a.pool_owner is None and type(a.owner) is not tensor:
             held.append(a)      # memory of its own (the tensor maps): kept alive with the plan
         else:
             return              # a workspace from the pool: freed after the call
-    if len(found) != 2 or o == m:
+    if o == m or not (found[o] and found[m]):
         return
     if len(_plans) >= PLAN_ENTRIES:
         _plans.clear()
-    _plans[plan_key] = Plan(pair, L, found[o], found[m], out, lse, tuple(held))
+    _plans[plan_key] = Plan(pair, L, tuple(found[o]), tuple(found[m]), out, lse, tuple(held))
 
 
 def clear():

@@ -48,9 +48,12 @@ def test_a_plan_is_made_only_of_one_packed_launch_on_the_calls_own_memory(monkey
     plan = made([_fake_launch(args)])
     assert plan is not None
     packed = plan.launch.packed
-    assert (packed[plan.out_at], packed[plan.lse_at]) == (out.data_ptr(), lse.data_ptr())
-    assert plan.out_at == plan.launch.starts[3] + VIEW_PTR
+    assert [packed[i] for i in plan.out_at + plan.lse_at] == [out.data_ptr(), lse.data_ptr()]
+    assert plan.out_at == (plan.launch.starts[3] + VIEW_PTR,)
     assert plan.held == (maps,)
+    # lse in place of the maps (the kernels without TMA): both of its places are written
+    plan = made([_fake_launch(args[:-1] + [args[4]])])
+    assert plan.lse_at == tuple(plan.launch.starts[i] + VIEW_PTR for i in (4, 8))
     assert plan.nbytes == out.nbytes + lse.nbytes
     # not: two launches (half inputs widened first), one Numba packed, none
     assert made([_fake_launch(args)] * 2) is None
