@@ -81,11 +81,15 @@ class Plan:
     them and makes its launch with their pointers written at out_at and lse_at, the packed
     positions of the views of out and of lse (module docstring)."""
 
-    __slots__ = ("pair", "launch", "out_at", "lse_at", "out_like", "lse_like", "held",
-                 "nbytes")
+    __slots__ = ("pair", "kernel", "config", "stream", "packed", "out_at", "lse_at",
+                 "out_like", "lse_like", "held", "nbytes")
 
     def __init__(self, pair, launch, out_at, lse_at, out, lse, held):
-        self.pair, self.launch, self.held = pair, launch, held
+        # the launch's packed values, not its arguments: those hold the call's tensors (its
+        # inputs and outputs), which a plan must not keep alive
+        self.pair, self.held = pair, held
+        self.kernel, self.config, self.stream = launch.kernel, launch.config, launch.stream
+        self.packed = launch.packed
         self.out_at, self.lse_at = out_at, lse_at
         self.out_like = (tuple(out.shape), out.dtype, out.device)
         self.lse_like = (tuple(lse.shape), lse.dtype, lse.device)
@@ -106,13 +110,12 @@ class Plan:
         o, m = out.data_ptr(), lse.data_ptr()
         if (o | m) % ALIGN:
             return None
-        L = self.launch
-        packed = list(L.packed)
+        packed = list(self.packed)
         for i in self.out_at:
             packed[i] = o
         for i in self.lse_at:
             packed[i] = m
-        launch(L.stream, L.config, L.kernel, *packed)
+        launch(self.stream, self.config, self.kernel, *packed)
         for meter in AllocationMeter.active:
             meter.bytes += self.nbytes
         return out, lse

@@ -3,6 +3,7 @@ forward gives what the full call gives, skips the work the plan stands for, and 
 calls that match the remembered one."""
 
 import ctypes
+import weakref
 
 import numpy as np
 import pytest
@@ -47,13 +48,18 @@ def test_a_plan_is_made_only_of_one_packed_launch_on_the_calls_own_memory(monkey
 
     plan = made([_fake_launch(args)])
     assert plan is not None
-    packed = plan.launch.packed
-    assert [packed[i] for i in plan.out_at + plan.lse_at] == [out.data_ptr(), lse.data_ptr()]
-    assert plan.out_at == (plan.launch.starts[3] + VIEW_PTR,)
+    launch = _fake_launch(args)
+    assert plan.packed == launch.packed
+    assert [plan.packed[i] for i in plan.out_at + plan.lse_at] == [out.data_ptr(),
+                                                                   lse.data_ptr()]
+    assert plan.out_at == (launch.starts[3] + VIEW_PTR,)
     assert plan.held == (maps,)
+    # the plan keeps no tensor of the call alive (the launch's arguments hold them all)
+    assert not any(isinstance(getattr(plan, f), (torch.Tensor, DeviceView, Launch))
+                   for f in plan.__slots__)
     # lse in place of the maps (the kernels without TMA): both of its places are written
-    plan = made([_fake_launch(args[:-1] + [args[4]])])
-    assert plan.lse_at == tuple(plan.launch.starts[i] + VIEW_PTR for i in (4, 8))
+    launch = _fake_launch(args[:-1] + [args[4]])
+    assert made([launch]).lse_at == tuple(launch.starts[i] + VIEW_PTR for i in (4, 8))
     assert plan.nbytes == out.nbytes + lse.nbytes
     # not: two launches (half inputs widened first), one Numba packed, none
     assert made([_fake_launch(args)] * 2) is None
@@ -157,6 +163,9 @@ def test_gpu_a_plan_serves_only_the_call_it_was_made_of(monkeypatch):
     q2 = q.clone()
     flash_attention_forward(q2, k, v, causal=True)
     assert len(replay._plans) == 3
+    held = weakref.ref(q2)                          # and its plan does not keep it alive
+    del q2
+    assert held() is None
     # a plan that does not serve (outputs not aligned as its call's were; the pair replaced
     # in the registry by hand) runs the call in full, with the same result
     monkeypatch.setattr(replay, "ALIGN", 1 << 40)

@@ -76,6 +76,8 @@ def main(argv=None):
     rows = {"API forward": us(forward), "API forward + synchronize": us(synchronized(forward)),
             "API forward in full (no plan)": us(full_forward),
             "replay.clear alone": us(replay.clear)}
+    with mock.patch.object(replay, "key", lambda *a: None):     # no plan made or looked up
+        rows["API forward in full, plans off"] = us(forward)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):   # the peer's backend, chosen once
         rows["torch flash SDPA (peer)"] = us(peer)
         rows["torch flash SDPA + synchronize"] = us(synchronized(peer))
