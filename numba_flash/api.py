@@ -2,8 +2,8 @@
 
 Validation happens here, before any launch; inputs are never modified. A call whose arrays
 and options match, in everything the checks read, one that passed them is not checked again
-(the calls' memo, below); a forward on torch tensors that matches one made before in
-everything its work reads replays that call's launch (numba_flash.replay).
+(the calls' memo, below); a call on torch tensors that matches one made before in
+everything its work reads replays what that call did (numba_flash.replay).
 """
 
 import math
@@ -301,7 +301,7 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     causal = _flag("causal", causal)
     options = ("forward", causal, type(scale), scale, type(block_m), block_m, type(block_n),
                block_n, type(kernel), kernel)
-    plan_key = replay.key(q, k, v, options)     # torch tensors: the launch a call remembered
+    plan_key = replay.key((q, k, v), options)   # torch tensors: what a call like it did
     if plan_key is not None:
         replayed = replay.run(plan_key)
         if replayed is not None:
@@ -324,11 +324,11 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     stored = bool(p.half and pair.half_storage)
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     ptr, stream = arrays.launch_stream(q)
-    d_out = (arrays.empty_device((bh, p.nq, p.d), p.dtype, like=q, as_dtype=np.uint16)
-             if stored else arrays.empty_device((bh, p.nq, p.d), dt, like=q))
-    d_lse = arrays.empty_device((bh, p.nq), dt, like=q)
     grid = (ceil_div(p.nq, bm), *head_grid(bh))
-    with simulator_exclusive(), recording() as launches:
+    with simulator_exclusive(), recording() as events:
+        d_out = (arrays.empty_device((bh, p.nq, p.d), p.dtype, like=q, as_dtype=np.uint16)
+                 if stored else arrays.empty_device((bh, p.nq, p.d), dt, like=q))
+        d_lse = arrays.empty_device((bh, p.nq), dt, like=q)
         d_q, d_k, d_v = (_kernel_input(x, shape, ptr, p, pair, q, stream)
                          for x, shape in ((q, (bh, p.nq, p.d)), (k, (bhk, p.nk, p.d)),
                                           (v, (bhk, p.nk, p.d))))
@@ -336,10 +336,10 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
                                       p.group)
         if not stored:
             d_out = _narrowed(d_out, p, q, stream)
-    out, lse = (arrays.from_device(d_out, p.lead + (p.nq, p.d), q),
-                arrays.from_device(d_lse, p.lead + (p.nq,), q))
-    replay.remember(plan_key, pair, launches, (q, k, v), out, lse)
-    return out, lse
+    results = (arrays.from_device(d_out, p.lead + (p.nq, p.d), q),
+               arrays.from_device(d_lse, p.lead + (p.nq,), q))
+    replay.remember(plan_key, pair, events, (q, k, v), results)
+    return results
 
 
 def _check_like(name, x, shape, p, device, dtype=None):
@@ -400,11 +400,16 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     """
     causal = _flag("causal", causal)
     deterministic = _flag("deterministic", deterministic)
+    options = ("backward", causal, deterministic, type(scale), scale, type(block_m), block_m,
+               type(block_n), block_n, type(kernel), kernel)
+    plan_key = replay.key((q, k, v, dout, out, lse), options)
+    if plan_key is not None:
+        replayed = replay.run(plan_key)
+        if replayed is not None:
+            return replayed
     q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
     dout, out, lse = as_array("dout", dout), as_array("out", out), as_array("lse", lse)
-    key = _memo_key((q, k, v, dout, out, lse),
-                    ("backward", causal, deterministic, type(scale), scale, type(block_m),
-                     block_m, type(block_n), block_n, type(kernel), kernel))
+    key = _memo_key((q, k, v, dout, out, lse), options)
     setup = _recall(key)
     if setup is None:
         setup = _backward_setup(dout, q, k, v, out, lse, scale, deterministic, block_m,
@@ -417,13 +422,14 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     # a half_storage pair takes the half inputs as stored (16-bit patterns) and their format,
     # and writes dk, dv so; dq is float32 for every pair (added by atomics)
     stored = bool(p.half and pair.half_storage)
-    d_dq = arrays.empty_device(qs, dt, like=q)
-    d_dk, d_dv = ((arrays.empty_device(ks, p.dtype, like=q, as_dtype=np.uint16)
-                   for _ in range(2)) if stored else
-                  (arrays.empty_device(ks, dt, like=q) for _ in range(2)))
     ptr, stream = arrays.launch_stream(q)
     extra = {"fmt": p.half} if stored else {"half": True} if p.half and pair.half_inputs else {}
-    with arrays.allocating_like(q), simulator_exclusive():   # workspace from q's pool too
+    # (workspace from q's pool too)
+    with arrays.allocating_like(q), simulator_exclusive(), recording() as events:
+        d_dq = arrays.empty_device(qs, dt, like=q)
+        d_dk, d_dv = ((arrays.empty_device(ks, p.dtype, like=q, as_dtype=np.uint16)
+                       for _ in range(2)) if stored else
+                      (arrays.empty_device(ks, dt, like=q) for _ in range(2)))
         d_dout, d_q, d_k, d_v, d_out = (
             _kernel_input(x, shape, ptr, p, pair, q, stream)
             for x, shape in ((dout, qs), (q, qs), (k, ks), (v, ks), (out, qs)))
@@ -434,6 +440,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
         d_dq = _narrowed(d_dq, p, q, stream)
         if not stored:
             d_dk, d_dv = (_narrowed(g, p, q, stream) for g in (d_dk, d_dv))
-    return (arrays.from_device(d_dq, arrays.shape_of(q), q),
-            arrays.from_device(d_dk, arrays.shape_of(k), q),
-            arrays.from_device(d_dv, arrays.shape_of(v), q))
+    results = (arrays.from_device(d_dq, arrays.shape_of(q), q),
+               arrays.from_device(d_dk, arrays.shape_of(k), q),
+               arrays.from_device(d_dv, arrays.shape_of(v), q))
+    replay.remember(plan_key, pair, events, (q, k, v, dout, out, lse), results)
+    return results

@@ -20,7 +20,7 @@ import threading
 import ml_dtypes
 import numpy as np
 
-from .kernels.launch import DeviceView
+from .kernels.launch import DeviceView, note
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 # the half formats' storage on the device: float16 as it is; bfloat16 as its 16-bit patterns
@@ -318,6 +318,7 @@ def empty_device(shape, dtype, like=None, as_dtype=None):
         # new memory: nothing to wait for
         arr = _import(view, shape, as_dtype, 0, sync=False)
         arr.pool_owner = owner      # from_device returns it: the pool's own tensor or array
+        note(arr)                   # (listed where a call is recorded: numba_flash.replay)
     for meter in AllocationMeter.active:
         meter.bytes += arr.nbytes
     return arr

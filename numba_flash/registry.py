@@ -78,10 +78,11 @@ class Pair:
         copies, no narrowing); run_backward gets dout, q, k, v, out so too, and fmt=
         ("float16" or "bfloat16"), and writes dk, dv in that format (uint16 views; dq float32
         as ever); can_run sees the half dtype itself (other pairs see float32).
-    replay_forward: the kernel make_forward returns does nothing at a launch but launch (no
-        Python of its own whose effects a call needs), so the API may replay a forward on
-        torch tensors from the launch a matching call made (numba_flash.replay). True for the
-        registered pairs; variant() sets it False when it replaces make_forward.
+    replay: make_forward's kernel and run_backward do nothing at a call but launch through
+        Launchers and allocate through arrays.empty_device (no Python of their own whose
+        effects a call needs, no memory set or copied another way), so the API may replay a
+        call on torch tensors from what a matching call did (numba_flash.replay). True for
+        the registered pairs; variant() sets it False when it replaces either.
     """
     name: str
     make_forward: Callable
@@ -96,7 +97,7 @@ class Pair:
     exact_infinities: bool = True
     half_inputs: bool = False
     half_storage: bool = False
-    replay_forward: bool = False
+    replay: bool = False
     summary: str = ""
 
     def accepts(self, kind, block_m, block_n, d, dtype, deterministic=False):
@@ -145,10 +146,10 @@ def variant(name, base, **changes):
     run_backward=, ...), for a changed kernel; it takes over base's tiles and can_run, and
     has no fallback (a variant that cannot run a case says so); half_inputs is copied too, so a
     variant of wgmma gets the half dtype in make_forward (pass half_inputs=False if its kernels
-    cannot take it); replay_forward is False when make_forward is replaced (pass
-    replay_forward=True for a kernel whose launch is only a launch)."""
-    if "make_forward" in changes:
-        changes = {"replay_forward": False, **changes}
+    cannot take it); replay is False when make_forward or run_backward is replaced (pass
+    replay=True for kernels that only launch and allocate, as Pair.replay says)."""
+    if "make_forward" in changes or "run_backward" in changes:
+        changes = {"replay": False, **changes}
     return dataclasses.replace(PAIRS[base], name=name, **{"fallback": None, **changes})
 
 
@@ -251,17 +252,17 @@ def _fa2_backward_tiles(d, dtype, deterministic):
 register(Pair(
     "rowwise", forward_rowwise.make_forward_kernel, _tiled_backward,
     forward_rowwise.default_blocks, lambda d, dtype, det: backward.default_blocks(d, dtype),
-    _check_tiled_backward, replay_forward=True,
+    _check_tiled_backward, replay=True,
     summary="one thread per query row (the readable forward), the tiled backward"))
 register(Pair(
     "tiled", forward_tiled.make_forward_kernel, _tiled_backward,
     forward_tiled.default_blocks, lambda d, dtype, det: backward.default_blocks(d, dtype),
-    _check_tiled_backward, replay_forward=True,
+    _check_tiled_backward, replay=True,
     summary="thread tiles of S and O in shared memory; dK/dV and dQ kernels"))
 register(Pair(
     "fa2", forward_fa2.make_forward_kernel, _fa2_backward,
     forward_fa2.default_blocks, _fa2_backward_tiles, backward_fa2.check_tiles, atomic_dq=True,
-    exact_infinities=False, replay_forward=True,
+    exact_infinities=False, replay=True,
     summary="FlashAttention-2's work split; float32 backward products on mma.sync (3xTF32)"))
 register(Pair(
     "wgmma", forward_wgmma.make_forward_kernel, backward_wgmma.run_backward,
@@ -270,7 +271,7 @@ register(Pair(
     backward_wgmma.check_tiles, can_run=lambda d, dtype, device: (
         np.dtype(dtype) == np.float32 and 1 <= d <= 128 and device in ("sm_90", "simulator")),
     fallback="fa2", fixed_tiles=True, atomic_dq=True, exact_infinities=False, half_inputs=True,
-    replay_forward=True,
+    replay=True,
     summary="Hopper warpgroup products (wgmma), 3xTF32 (2 products a step for half inputs): "
             "float32, float16, bfloat16, d <= 128, sm_90"))
 # the 16-bit Hopper forward: Q, K, V staged by TMA where the arrays allow it (1.48-1.69x the
@@ -290,7 +291,7 @@ def _hopper16_pair(name, run_backward, summary):
         backward_wgmma.check_tiles, can_run=lambda d, dtype, device: (
             bool(half_format(dtype)) and 1 <= d <= 128 and device in ("sm_90", "simulator")),
         fallback="wgmma", fixed_tiles=True, atomic_dq=True, exact_infinities=False,
-        half_inputs=True, half_storage=True, replay_forward=True, summary=summary)
+        half_inputs=True, half_storage=True, replay=True, summary=summary)
 
 
 def shared_per_block(device):
@@ -322,7 +323,7 @@ register(Pair(
     lambda d, dtype, det: backward16.widened_tiles(d, "mma", det),
     lambda bm, bn, d, dtype, det: backward16.check_widened_tiles(bm, bn, d, "mma", det),
     can_run=_mma16_can_run, fallback="fa2", fixed_tiles=True, atomic_dq=True,
-    exact_infinities=False, half_inputs=True, half_storage=True, replay_forward=True,
+    exact_infinities=False, half_inputs=True, half_storage=True, replay=True,
     summary="wgmma16's forward and backward on mma.sync.m16n8k16 (sm_80+: A100, L4, RTX "
             "30/40): float16 / bfloat16 as stored, d <= 128 (d <= 64 on 99 KiB GPUs)"))
 register(_hopper16_pair(

@@ -26,3 +26,37 @@ def _no_plans_across_tests():
     from numba_flash import replay
     replay.clear()
     yield
+
+
+@pytest.fixture
+def hold_stream():
+    """hold_stream(ptr): a context manager under which the CUDA stream of pointer ptr waits
+    for the host (cuStreamWaitValue32 on a flag in mapped host memory, set when the block
+    ends): work queued on it inside the block cannot run before the block ends. A call that
+    waits on the host for that stream would never return: after `seconds` a timer sets the
+    flag; the context manager yields a function that says whether the timer had to (then the
+    block waited for the stream)."""
+    import contextlib
+    import threading
+
+    import numpy as np
+
+    @contextlib.contextmanager
+    def hold(ptr, seconds=30.0):
+        from cuda.bindings import driver
+        from numba import cuda
+        flag = cuda.mapped_array(1, dtype=np.uint32)
+        flag[0] = 0
+        (err,) = driver.cuStreamWaitValue32(
+            driver.CUstream(ptr), driver.CUdeviceptr(flag.__cuda_array_interface__["data"][0]),
+            1, driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
+        assert err == driver.CUresult.CUDA_SUCCESS, err
+        timer = threading.Timer(seconds, lambda: flag.__setitem__(0, 1))
+        timer.start()
+        try:
+            yield lambda: not timer.is_alive() and flag[0] == 1
+        finally:
+            timer.cancel()
+            flag[0] = 1
+            cuda.external_stream(ptr).synchronize()
+    return hold

@@ -216,55 +216,27 @@ def test_gpu_outputs_are_the_allocators_own_tensors():
 
 
 @pytest.mark.gpu
-def test_gpu_cupy_arrays_run_on_cupys_current_stream():
-    # q is written on CuPy's current stream behind a wait that only the host can end
-    # (cuStreamWaitValue32 on a flag in mapped host memory): the call must queue its kernels
-    # behind it and return while the stream is held, and once the flag is set give the
-    # NumPy call's answer. A call that waited for the stream on the host would never return
-    # on its own: it runs in a thread, and the flag is set after 30 s if it has not.
-    # (Until 2026-12-06 the work in front was torch.cuda._sleep or matmuls: in two full gpu
-    # runs, 16:20 and 17:26, the stream was found drained 1 ms after the call, which had not
-    # waited (1 ms); the sleep had not held the stream, for a reason not found.)
-    import threading
+def test_gpu_cupy_arrays_run_on_cupys_current_stream(hold_stream):
+    # q is written on CuPy's current stream behind a wait that only the host ends
+    # (conftest.hold_stream): the call must queue its kernels behind it and return while the
+    # stream is held, and once it goes on give the NumPy call's answer. (Until 2026-12-06 the
+    # work in front was torch.cuda._sleep or matmuls: in two full gpu runs, 16:20 and 17:26,
+    # the stream was found drained 1 ms after the call, which had not waited (1 ms): the
+    # sleep had not held the stream, for a reason not found.)
     cupy = pytest.importorskip("cupy")
-    from cuda.bindings import driver
-    from numba import cuda
     from numba_flash import flash_attention_forward
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((1, 2, 777, 64)).astype(np.float32) for _ in range(3))
     ref, _ = flash_attention_forward(q, k, v)                   # compiles, off the clock
     q_dev, k_dev, v_dev = (cupy.asarray(x) for x in (q, k, v))
-    flag = cuda.mapped_array(1, dtype=np.uint32)
-    flag[0] = 0
     stream = cupy.cuda.Stream(non_blocking=True)
-    (err,) = driver.cuStreamWaitValue32(
-        driver.CUstream(stream.ptr), driver.CUdeviceptr(flag.__cuda_array_interface__["data"][0]),
-        1, driver.CUstreamWaitValue_flags.CU_STREAM_WAIT_VALUE_GEQ)
-    assert err == driver.CUresult.CUDA_SUCCESS, err
-    seen = {}
-
-    def call():
-        try:
-            with stream:
-                dq = q_dev.copy()                      # produced on the device, on the stream
-                seen["out"], _ = flash_attention_forward(dq, k_dev, v_dev)
-                seen["held"] = not stream.done
-        except Exception as e:                         # (raised in the test's thread below)
-            seen["error"] = e
-    worker = threading.Thread(target=call)
-    try:
-        worker.start()
-        worker.join(30)
-        returned = not worker.is_alive()
-    finally:
-        flag[0] = 1                                    # the stream goes on
-    worker.join()
+    with stream, hold_stream(stream.ptr) as timed_out:
+        dq = q_dev.copy()                              # produced on the device, on the stream
+        out, _ = flash_attention_forward(dq, k_dev, v_dev)
+        assert not timed_out(), "the call waited on the host for the stream's held work"
+        assert not stream.done, "the stream ran past its hold"
     stream.synchronize()
-    assert returned, "the call waited on the host for the stream's held work"
-    if "error" in seen:
-        raise seen["error"]
-    assert seen["held"], "the stream ran past its wait before the flag was set"
-    assert np.abs(cupy.asnumpy(seen["out"]) - ref).max() < 1e-5
+    assert np.abs(cupy.asnumpy(out) - ref).max() < 1e-5
 
 
 @pytest.mark.gpu

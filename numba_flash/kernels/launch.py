@@ -20,7 +20,8 @@
   layout of Numba's array struct), scalars as ctypes values; cuda.core then launches. Other
   arrays (Numba's DeviceNDArray) go through the specialization's own Numba launch.
 * **Launches listed on request.** Within `recording()`, this thread's launches are listed with
-  their packed arguments (numba_flash.replay makes an API call's plan of them).
+  their packed arguments, and the API's allocations beside them (numba_flash.replay makes an
+  API call's plan of them).
 * **Nothing made twice.** The specialization is keyed by the current context's handle (one
   cuCtxGetCurrent, where Numba's get_context() took a lock and several driver calls); the
   normalized grid and block and cuda.core's LaunchConfig are kept a (grid, block), and
@@ -178,15 +179,11 @@ def _packer(ty, value):
     return None
 
 
-_compile_lock = threading.RLock()
-
-
 @dataclass(frozen=True)
 class Launch:
     """One launch as recording() lists it: the cuda.core kernel, LaunchConfig and Stream it
     ran with, its arguments as given and as packed, and where each argument's packed values
-    start (a DeviceView's data pointer is packed[starts[i] + VIEW_PTR]). None in the list:
-    a launch Numba packed (an argument of a kind the Launcher does not pack)."""
+    start (a DeviceView's data pointer is packed[starts[i] + VIEW_PTR])."""
     kernel: object
     config: object
     stream: object
@@ -200,14 +197,26 @@ _recording = threading.local()
 
 @contextlib.contextmanager
 def recording():
-    """Lists the launches this thread makes through Launchers within it (yields the list of
-    Launch, or None for a launch Numba packed). Nothing is listed on the simulator."""
-    outer = getattr(_recording, "launches", None)
-    _recording.launches = launches = []
+    """Lists, in order, what this thread does within it (yields the list): each launch
+    through a Launcher (a Launch; None for a launch Numba packed) and each allocation that
+    numba_flash.arrays.empty_device takes from a framework's pool (its DeviceView, with
+    pool_owner). Nothing is listed on the simulator (it launches through Numba)."""
+    outer = getattr(_recording, "events", None)
+    _recording.events = events = []
     try:
-        yield launches
+        yield events
     finally:
-        _recording.launches = outer
+        _recording.events = outer
+
+
+def note(event):
+    """List `event` in the innermost recording() of this thread, if any."""
+    events = getattr(_recording, "events", None)
+    if events is not None:
+        events.append(event)
+
+
+_compile_lock = threading.RLock()
 
 
 class Launcher:
@@ -292,12 +301,12 @@ class Launcher:
                 self._configs.clear()
             self._configs[(grid, block)] = dims
         grid, block, config = dims
-        listed = getattr(_recording, "launches", None)
+        listed = getattr(_recording, "events", None) is not None
         if packers is None:
             Launcher.numba_launches += 1
             kern.launch(args, grid, block, _core_stream(stream), self.nbytes)
-            if listed is not None:
-                listed.append(None)
+            if listed:
+                note(None)
             return
         packed, starts = [], []
         for pack, a in zip(packers, args):
@@ -305,9 +314,9 @@ class Launcher:
             pack(a, packed)
         core_stream = _core_stream(stream)
         launch(core_stream, config, cukernel, *packed)
-        if listed is not None:
-            listed.append(Launch(cukernel, config, core_stream, tuple(args), tuple(packed),
-                                 tuple(starts)))
+        if listed:
+            note(Launch(cukernel, config, core_stream, tuple(args), tuple(packed),
+                        tuple(starts)))
 
 
 def current_context():
