@@ -1,13 +1,13 @@
 """Host µs of one API forward of the 16-bit Hopper pair on the TMA path (wgmma16, bfloat16, d = 64,
-causal), replayed from its plan (numba_flash.replay) and in full, and of each piece of the full
-call, each timed alone in a loop without synchronization: the calls' memo, the registry's
-factory, the stream lookup, the two allocations, the three array imports, the TMA checks and the
-tensor maps' cache, the results' return, the Launcher's specialization lookup and argument
-packing, the launch itself, the API forward with its launches left out (its host work but the
-launch's), and the driver and Numba calls a launch made before 2026-12-06 (get_context,
-_to_core_stream, dimensions, LaunchConfig); beside them torch's flash SDPA on the same inputs,
-and both with a synchronization a call (what numba-flash bench pays). --profile adds cProfile's
-top functions of 2000 API forwards.
+causal), replayed from its plan (numba_flash.replay) and in full, its backward both ways, and of
+each piece of the full forward, each timed alone in a loop without synchronization: the calls'
+memo, the registry's factory, the stream lookup, the two allocations, the three array imports,
+the TMA checks and the tensor maps' cache, the results' return, the Launcher's specialization
+lookup and argument packing, the launch itself, the API forward with its launches left out (its
+host work but the launch's), and the driver and Numba calls a launch made before 2026-12-06
+(get_context, _to_core_stream, dimensions, LaunchConfig); beside them torch's flash SDPA on the
+same inputs, and both with a synchronization a call (what numba-flash bench pays). --profile
+adds cProfile's top functions of 2000 API forwards.
 
 The default size is tiny (B = 1, H = 2, N = 128) so that the rows that launch a kernel are
 bound by the host: at the benchmark's grid (--b 16 --h 32 --n 1024, a forward kernel of
@@ -46,7 +46,8 @@ def main(argv=None):
     from numba.cuda.errors import normalize_kernel_dimensions
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from numba_flash import api, arrays, flash_attention_forward, registry, replay
+    from numba_flash import (api, arrays, flash_attention_backward, flash_attention_forward,
+                             registry, replay)
     from numba_flash.kernels.launch import Launcher
     from numba_flash.kernels.sm90 import forward16, tma
     from numba_flash.kernels.support import ceil_div, head_grid
@@ -78,6 +79,14 @@ def main(argv=None):
             "replay.clear alone": us(replay.clear)}
     with mock.patch.object(replay, "key", lambda *a: None):     # no plan made or looked up
         rows["API forward in full, plans off"] = us(forward)
+    dout = torch.randn_like(q)
+    out, lse = forward()
+
+    def backward():
+        return flash_attention_backward(dout, q, k, v, out, lse, causal=True, kernel="wgmma16")
+    rows["API backward"] = us(backward)
+    with mock.patch.object(replay, "key", lambda *a: None):
+        rows["API backward in full, plans off"] = us(backward)
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):   # the peer's backend, chosen once
         rows["torch flash SDPA (peer)"] = us(peer)
         rows["torch flash SDPA + synchronize"] = us(synchronized(peer))
