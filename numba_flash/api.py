@@ -6,6 +6,7 @@ and options match, in everything the checks read, one that passed them is not ch
 everything its work reads replays what that call did (numba_flash.replay).
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -18,7 +19,7 @@ from . import arrays
 from . import registry
 from . import replay
 from .kernels import convert
-from .kernels.launch import recording
+from .kernels.launch import frees_deferred, recording
 from .kernels.support import MAX_HEAD_DIM, ceil_div, head_grid, simulator_exclusive
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -272,6 +273,17 @@ def _flag(name, value):
     return bool(value)
 
 
+def _frees_deferred(api_call):
+    """api_call with Numba's frees held until it returns (launch.frees_deferred: a free can
+    make the host wait for the device)."""
+    @functools.wraps(api_call)
+    def call(*args, **kwargs):
+        with frees_deferred():
+            return api_call(*args, **kwargs)
+    return call
+
+
+@_frees_deferred
 def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None,
                             kernel="auto"):
     """FlashAttention forward on the GPU.
@@ -378,6 +390,7 @@ def _backward_setup(dout, q, k, v, out, lse, scale, deterministic, block_m, bloc
     return p, pair, bm, bn
 
 
+@_frees_deferred
 def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None,
                              deterministic=False, block_m=None, block_n=None,
                              kernel="auto"):
