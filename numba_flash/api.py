@@ -6,7 +6,6 @@ and options match, in everything the checks read, one that passed them is not ch
 everything its work reads replays what that call did (numba_flash.replay).
 """
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from . import arrays
 from . import registry
 from . import replay
 from .kernels import convert
-from .kernels.launch import frees_deferred, recording
+from .kernels.launch import recording
 from .kernels.support import MAX_HEAD_DIM, ceil_div, head_grid, simulator_exclusive
 
 DTYPES = ("float16", "bfloat16", "float32", "float64")
@@ -273,17 +272,6 @@ def _flag(name, value):
     return bool(value)
 
 
-def _frees_deferred(api_call):
-    """api_call with Numba's frees held until it returns (launch.frees_deferred: a free can
-    make the host wait for the device)."""
-    @functools.wraps(api_call)
-    def call(*args, **kwargs):
-        with frees_deferred():
-            return api_call(*args, **kwargs)
-    return call
-
-
-@_frees_deferred
 def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, block_n=None,
                             kernel="auto"):
     """FlashAttention forward on the GPU.
@@ -337,7 +325,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     ptr, stream = arrays.launch_stream(q)
     grid = (ceil_div(p.nq, bm), *head_grid(bh))
-    with simulator_exclusive(), recording() as events:
+    # (a call that can have a plan is recorded: the list holds its allocations to the end)
+    with simulator_exclusive(), recording(plan_key is not None) as events:
         d_out = (arrays.empty_device((bh, p.nq, p.d), p.dtype, like=q, as_dtype=np.uint16)
                  if stored else arrays.empty_device((bh, p.nq, p.d), dt, like=q))
         d_lse = arrays.empty_device((bh, p.nq), dt, like=q)
@@ -390,7 +379,6 @@ def _backward_setup(dout, q, k, v, out, lse, scale, deterministic, block_m, bloc
     return p, pair, bm, bn
 
 
-@_frees_deferred
 def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=None,
                              deterministic=False, block_m=None, block_n=None,
                              kernel="auto"):
@@ -438,7 +426,8 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     ptr, stream = arrays.launch_stream(q)
     extra = {"fmt": p.half} if stored else {"half": True} if p.half and pair.half_inputs else {}
     # (workspace from q's pool too)
-    with arrays.allocating_like(q), simulator_exclusive(), recording() as events:
+    with arrays.allocating_like(q), simulator_exclusive(), \
+            recording(plan_key is not None) as events:
         d_dq = arrays.empty_device(qs, dt, like=q)
         d_dk, d_dv = ((arrays.empty_device(ks, p.dtype, like=q, as_dtype=np.uint16)
                        for _ in range(2)) if stored else

@@ -16,8 +16,9 @@ registry's generation and the pair's identity (`key`). Such a call here allocate
 remembered call allocated (its outputs, and workspace such as D) and makes its launches, in
 order, from their packed arguments with the new pointers written in (`Plan.run`): the checks
 it skips passed for the remembered call and read nothing that differs. Every allocation is
-made before the first launch and kept until the last (the full call may free a workspace
-sooner).
+made before the first launch and kept until the last, as in the recorded call (whose record
+holds them): a call that no plan can serve (not on torch tensors) is not recorded and frees
+its workspace as it goes.
 
 A plan is made (`remember`) only of a call on a GPU whose pair marks its kernels replayable
 (registry.Pair.replay), every launch of which the Launcher packed (launch.recording), and
@@ -66,9 +67,9 @@ def key(xs, options):
     for o in options:
         if type(o) not in _OPTION_TYPES:
             return None
-    device = xs[0].get_device()
-    if device < 0:
+    if not xs[0].is_cuda:
         return None
+    device = xs[0].get_device()
     import torch
     parts = [options, torch._C._cuda_getCurrentRawStream(device), current_context(),
              registry.generation()]
@@ -147,7 +148,7 @@ def remember(plan_key, pair, events, inputs, results):
     """Make and keep the plan of a call that passed its checks, recorded `events`
     (launch.recording's list) on arrays `inputs` and returned `results`; nothing where the
     call cannot be replayed (module docstring)."""
-    if plan_key is None or not pair.replay or not events:
+    if plan_key is None or events is None or not pair.replay or not events:
         return
     tensor = _torch_tensor()
     keyed = [(x.data_ptr(), x.nbytes) for x in inputs]

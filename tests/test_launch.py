@@ -223,47 +223,17 @@ def test_gpu_api_calls_on_torch_tensors_pack_every_launch_themselves(kernel, dty
     assert Launcher.numba_launches == before
 
 
-@pytest.mark.gpu
-def test_gpu_frees_deferred_holds_numbas_frees_until_the_block_ends():
-    # Numba frees collected arrays in a batch at the 11th pending free (cuMemFree, which waits
-    # for the device); within frees_deferred none is freed, and the batch goes at the first
-    # free after it
-    from numba import cuda
-    from numba.cuda import config
-    from numba.cuda.cudadrv import devices
-    from numba_flash.kernels.launch import frees_deferred
-    pending = devices.get_context().memory_manager.deallocations
-    pending.clear()
-    count = config.CUDA_DEALLOCS_COUNT + 1
-    with frees_deferred():
-        doomed = [cuda.device_array(1) for _ in range(count)]
-        doomed.clear()
-        assert len(pending) == count
-    last = cuda.device_array(1)
-    del last
-    assert len(pending) == 0
-
-
-def test_api_calls_run_inside_frees_deferred(monkeypatch):
-    # every launch and allocation of a forward and a backward happens inside it
-    import contextlib
-
-    from numba_flash import api, arrays, flash_attention_backward, flash_attention_forward
-    inside, seen = [], []
-
-    @contextlib.contextmanager
-    def deferred():
-        inside.append(True)
-        try:
-            yield
-        finally:
-            inside.pop()
-    monkeypatch.setattr(api, "frees_deferred", deferred)
-    empty = arrays.empty_device
-    monkeypatch.setattr(arrays, "empty_device",
-                        lambda *a, **kw: seen.append(bool(inside)) or empty(*a, **kw))
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 1, 5, 4)).astype(np.float32) for _ in range(3))
-    out, lse = flash_attention_forward(q, k, v, kernel="tiled")
-    flash_attention_backward(out, q, k, v, out, lse, kernel="tiled")
-    assert seen and all(seen) and not inside
+def test_recording_lists_only_when_on():
+    from numba_flash.kernels import launch
+    with launch.recording(on=False) as events:
+        launch.note("an allocation")
+    assert events is None
+    with launch.recording() as outer:
+        launch.note(1)
+        with launch.recording() as inner:
+            launch.note(2)
+        with launch.recording(on=False):
+            launch.note(3)          # (off: the outer list goes on)
+        launch.note(4)
+    assert (outer, inner) == ([1, 3, 4], [2])
+    launch.note(5)                  # outside any: nowhere

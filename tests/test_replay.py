@@ -80,6 +80,7 @@ def test_a_plan_is_made_only_of_launches_on_memory_it_can_account_for(monkeypatc
     assert made(events, p=registry.variant("mine", "wgmma16",
                                            make_forward=pair.make_forward)) is None
     replay.remember(None, pair, events, (q, k, v), (out, lse))
+    replay.remember("key", pair, None, (q, k, v), (out, lse))     # a call not recorded
     assert replay._plans == {}
     # not: an allocation at an address less aligned than ALIGN (a replay's must be as aligned)
     odd = torch.zeros(2 * 8 * 4 + 4)[4:].reshape(2, 8, 4)

@@ -216,40 +216,47 @@ def test_gpu_outputs_are_the_allocators_own_tensors():
 
 
 @pytest.mark.gpu
-def test_gpu_cupy_arrays_run_on_cupys_current_stream(hold_stream, monkeypatch):
+def test_gpu_cupy_arrays_run_on_cupys_current_stream(hold_stream):
     # q is written on CuPy's current stream behind a wait that only the host ends
     # (conftest.hold_stream): the call must queue its kernels behind it and return while the
-    # stream is held, and once it goes on give the NumPy call's answer. During the call a
-    # batch of Numba arrays is collected, as a garbage collection there would collect them:
-    # their frees (cuMemFree waits for the device) must wait until the call has returned
-    # (launch.frees_deferred). If the call blocks, its stack is printed after 10 s.
-    # (Until 2026-12-06 the work in front was torch.cuda._sleep or matmuls, and nothing was
-    # freed on purpose: in two full gpu runs, 16:20 and 17:26, the stream was found drained
-    # when the call returned; with the hold, 17:42, the call did not return until the hold
-    # ended.)
+    # stream is held, and once it goes on give the NumPy call's answer. If the call blocks,
+    # its stack is printed after 10 s.
+    # Numba frees collected device arrays in batches (the 11th pending free flushes them all,
+    # and cuMemFree waits for the device), so any Python code that drops the last reference
+    # to a Numba array may wait for every stream. In a full gpu run (17:42, 2026-12-06) this
+    # call did not return until the hold ended; the likely cause is such a batch: earlier
+    # tests' Numba arrays collected by a garbage collection during the call (not confirmed:
+    # the run that would have printed the stack got no GPU). It would also explain the
+    # drained streams of 16:20 and 17:26, when the work in front was torch.cuda._sleep or
+    # matmuls. That is Numba's allocator, not this call: here the pending frees are flushed
+    # before the hold and the collector is off while the stream is held.
     import faulthandler
+    import gc
     cupy = pytest.importorskip("cupy")
-    from numba import cuda
-    from numba.cuda import config
-    from numba_flash import arrays, flash_attention_forward
+    from numba.cuda.cudadrv import devices
+    from numba_flash import flash_attention_forward
     rng = np.random.default_rng(5)
     q, k, v = (rng.standard_normal((1, 2, 777, 64)).astype(np.float32) for _ in range(3))
     ref, _ = flash_attention_forward(q, k, v)                   # compiles, off the clock
     q_dev, k_dev, v_dev = (cupy.asarray(x) for x in (q, k, v))
-    doomed = [cuda.device_array(1) for _ in range(config.CUDA_DEALLOCS_COUNT + 1)]
-    stream_of = arrays.launch_stream
-    monkeypatch.setattr(arrays, "launch_stream", lambda like: doomed.clear() or stream_of(like))
+    gc.collect()
+    context = devices.get_context()
+    context.deallocations.clear()
+    context.memory_manager.deallocations.clear()
     stream = cupy.cuda.Stream(non_blocking=True)
-    with stream, hold_stream(stream.ptr) as timed_out:
-        dq = q_dev.copy()                              # produced on the device, on the stream
-        faulthandler.dump_traceback_later(10)
-        try:
-            out, _ = flash_attention_forward(dq, k_dev, v_dev)
-        finally:
-            faulthandler.cancel_dump_traceback_later()
-        assert not doomed
-        assert not timed_out(), "the call waited on the host for the stream's held work"
-        assert not stream.done, "the stream ran past its hold"
+    gc.disable()
+    try:
+        with stream, hold_stream(stream.ptr) as timed_out:
+            dq = q_dev.copy()                          # produced on the device, on the stream
+            faulthandler.dump_traceback_later(10)
+            try:
+                out, _ = flash_attention_forward(dq, k_dev, v_dev)
+            finally:
+                faulthandler.cancel_dump_traceback_later()
+            assert not timed_out(), "the call waited on the host for the stream's held work"
+            assert not stream.done, "the stream ran past its hold"
+    finally:
+        gc.enable()
     stream.synchronize()
     assert np.abs(cupy.asnumpy(out) - ref).max() < 1e-5
 

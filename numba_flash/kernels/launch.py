@@ -196,11 +196,16 @@ _recording = threading.local()
 
 
 @contextlib.contextmanager
-def recording():
+def recording(on=True):
     """Lists, in order, what this thread does within it (yields the list): each launch
     through a Launcher (a Launch; None for a launch Numba packed) and each allocation that
     numba_flash.arrays.empty_device takes from a framework's pool (its DeviceView, with
-    pool_owner). Nothing is listed on the simulator (it launches through Numba)."""
+    pool_owner). The list holds them, and so the memory of each, until it is dropped. With
+    on=False it lists nothing and yields None. Nothing is listed on the simulator (it
+    launches through Numba)."""
+    if not on:
+        yield None
+        return
     outer = getattr(_recording, "events", None)
     _recording.events = events = []
     try:
@@ -339,30 +344,6 @@ def _launch_config(grid, block, nbytes):
     from numba.cuda.errors import normalize_kernel_dimensions
     grid, block = normalize_kernel_dimensions(grid, block)
     return grid, block, LaunchConfig(grid=grid, block=block, shmem_size=nbytes)
-
-
-_contexts = {}          # context handle -> Numba's Context of it
-
-
-@contextlib.contextmanager
-def frees_deferred():
-    """Numba's pending frees of device and pinned memory held while the block runs (its
-    Context.defer_cleanup), so that no cuMemFree runs inside it. Numba frees a collected
-    array's memory later, in a batch, at the 11th pending free; cuMemFree waits for the
-    device, so a batch flushed during an API call (an earlier call's Numba arrays, collected
-    by a garbage collection that happens to run then) made the call wait on the host for
-    every stream's queued work: a call on a stream held by the host never returned
-    (tests/test_torch.py, an H100, 2026-12-06 17:42). Nothing on the simulator."""
-    if SIMULATOR:
-        yield
-        return
-    handle = current_context()
-    context = _contexts.get(handle)
-    if context is None:
-        from numba.cuda.cudadrv import devices
-        context = _contexts.setdefault(handle, devices.get_context())
-    with context.defer_cleanup():
-        yield
 
 
 _core_streams = {}      # (context, CUstream handle) -> cuda.core's Stream over it
