@@ -123,18 +123,22 @@ def train(model, task, attend, steps, batch_size, lr=3e-3, seed=0, device="cpu",
     autocast: None, or a half dtype the forward runs in under torch.autocast (mixed
     precision: float32 weights, q, k, v and the attention in that dtype).
     Returns dict(loss=[per step], accuracy=[per step], step_seconds=[per step],
-    seconds_per_step, first_step_seconds) where accuracy is the fraction of answers predicted
-    right (argmax) in that step's batch, and seconds_per_step is the median step after the
-    first: the first compiles the kernels (or loads them from the cache) and is kept apart.
-    Each step ends in loss.item(), which waits for the GPU, so a step's time is its own."""
+    seconds_per_step, first_step_seconds, plans) where accuracy is the fraction of answers
+    predicted right (argmax) in that step's batch, and seconds_per_step is the median step
+    after the first: the first compiles the kernels (or loads them from the cache) and is kept
+    apart. Each step ends in loss.item(), which waits for the GPU, so a step's time is its
+    own. plans: numba-flash calls in these steps replayed from a plan and plans made
+    (numba_flash.replay: a call on the same tensors' addresses as an earlier one replays)."""
     import contextlib
     from tqdm import tqdm
+    from numba_flash import replay
     generator = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     losses, accuracies, step_seconds = [], [], []
     sync = torch.cuda.synchronize if str(device).startswith("cuda") else (lambda: None)
     bar = tqdm(range(steps), desc=desc, disable=not progress, file=sys.stderr)
     sync()
+    before = dict(replay.counts)
     for _ in bar:
         t0 = time.perf_counter()
         tokens, targets = task.batch(batch_size, generator, device)
@@ -153,7 +157,8 @@ def train(model, task, attend, steps, batch_size, lr=3e-3, seed=0, device="cpu",
     steady = step_seconds[1:] or step_seconds
     return dict(loss=losses, accuracy=accuracies, step_seconds=step_seconds,
                 seconds_per_step=statistics.median(steady) if steady else float("nan"),
-                first_step_seconds=step_seconds[0] if step_seconds else float("nan"))
+                first_step_seconds=step_seconds[0] if step_seconds else float("nan"),
+                plans={k: replay.counts[k] - before.get(k, 0) for k in ("replayed", "made")})
 
 
 def compare(task, steps, batch_size, width=64, heads=4, layers=2, lr=3e-3, seed=0,
@@ -213,7 +218,8 @@ def main(argv=None):
                   f"{sum(run['accuracy'][-10:]) / len(run['accuracy'][-10:]):.3f}  "
                   f"{1e3 * run['seconds_per_step']:.1f} ms/step (median; first step "
                   f"{run['first_step_seconds']:.2f} s)")
-        print(f"numba-flash ran kernel {result['resolved']!r}")
+        print(f"numba-flash ran kernel {result['resolved']!r}; its calls replayed from plans "
+              f"and plans made: {result['runs']['numba-flash']['plans']}")
         print(f"largest relative difference of the loss curves: "
               f"{result['max_relative_loss_difference']:.2e} over {args.steps} steps")
     else:

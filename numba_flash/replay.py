@@ -28,6 +28,7 @@ anew at each replay) or in memory of their own that the plan holds (the tensor m
 whose results are such allocations. A plan holds no tensor of the call.
 """
 
+import collections
 import sys
 
 from . import registry
@@ -38,6 +39,10 @@ from .kernels.launch import SIMULATOR, VIEW_PTR, DeviceView, Launch, current_con
 # plan a call: the dict is cleared at this size
 PLAN_ENTRIES = 256
 _plans = {}
+
+# calls served by a plan ("replayed") and plans made ("made") in this process: how often a
+# workload's calls repeat (examples/recall.py reports them for its training steps)
+counts = collections.Counter()
 
 # allocations of a replay must be aligned to this many bytes, as the remembered call's were
 # (torch's caching allocator hands out 512-byte aligned blocks): the kernels choose their
@@ -132,7 +137,12 @@ def _nbytes(shape, dtype):
 def run(plan_key):
     """The remembered plan's results for plan_key, or None (no plan, or it does not serve)."""
     plan = _plans.get(plan_key)
-    return None if plan is None else plan.run()
+    if plan is None:
+        return None
+    results = plan.run()
+    if results is not None:
+        counts["replayed"] += 1
+    return results
 
 
 def _containing(spans, lo, hi):
@@ -193,6 +203,7 @@ def remember(plan_key, pair, events, inputs, results):
         _plans.clear()
     allocations = tuple((tuple(o.shape), o.dtype, o.device) for o in owners)
     _plans[plan_key] = Plan(pair, allocations, tuple(launches), tuple(returned), tuple(held))
+    counts["made"] += 1
 
 
 def clear():

@@ -51,8 +51,9 @@ def test_a_plan_is_made_only_of_launches_on_memory_it_can_account_for(monkeypatc
         return replay._plans.get("key")
 
     events = [*allocations, _fake_launch(first), _fake_launch(second)]
+    before = replay.counts["made"]
     plan = made(events)
-    assert plan is not None
+    assert plan is not None and replay.counts["made"] == before + 1
     assert plan.allocations == tuple((tuple(x.shape), x.dtype, x.device)
                                      for x in (out, lse, work))
     (_, _, _, packed, slots), (_, _, _, packed2, slots2) = plan.launches

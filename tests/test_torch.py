@@ -164,6 +164,10 @@ def test_training_a_tiny_model_matches_sdpa_and_its_loss_falls(dtype, agree):
     for run in result["runs"].values():     # a time per step; the median leaves the first out
         assert len(run["step_seconds"]) == 3
         assert run["seconds_per_step"] == np.median(run["step_seconds"][1:])
+    # calls replayed from plans (numba_flash.replay): none on the simulator, none by SDPA
+    assert result["runs"]["sdpa"]["plans"] == {"replayed": 0, "made": 0}
+    if numba_flash.SIMULATOR:
+        assert result["runs"]["numba-flash"]["plans"] == {"replayed": 0, "made": 0}
     assert ours[-1] < ours[0]
     assert result["max_relative_loss_difference"] < agree, (ours, theirs)
 
@@ -282,7 +286,9 @@ def test_gpu_training_matches_sdpa_step_for_step():
     runs = result["runs"]
     print(f"max relative loss difference {result['max_relative_loss_difference']:.2e}; "
           f"ms/step sdpa {1e3 * runs['sdpa']['seconds_per_step']:.1f}, numba-flash "
-          f"{1e3 * runs['numba-flash']['seconds_per_step']:.1f}")
+          f"{1e3 * runs['numba-flash']['seconds_per_step']:.1f}; plans "
+          f"{runs['numba-flash']['plans']}")
+    assert runs["numba-flash"]["plans"]["made"] > 0     # the training calls can be replayed
     assert result["max_relative_loss_difference"] < 1e-2
     assert runs["numba-flash"]["loss"][-1] < 0.5 * runs["numba-flash"]["loss"][0]
     assert math.isclose(np.mean(runs["numba-flash"]["accuracy"][-10:]),
