@@ -479,6 +479,43 @@ ratio_panels(plans, over_fa2, "wgmma16 with plans", "bf16", FA2_TARGET,
              "TFLOP/s / FlashAttention-2's", "bfloat16_h100_plans",
              extra=cudnn_line("17:44", plans["17:44"]))
 
+# %% [markdown]
+# Where claim 6 comes from: host µs of one call at a size where the host bounds the loop
+# (`tools/host_pieces.py`: B = 1, H = 2, N = 128, d = 64, causal, bf16, `wgmma16`), on the two
+# machines of the runs (their hosts differ: compare bars within a run).
+
+# %%
+HOST = {"17:26": "host-pieces-plans-h100-2026-12-06.txt",
+        "17:42": "host-pieces-plans2-h100-2026-12-06.txt"}
+
+
+def host_rows(name):
+    """{row: µs} of a tools/host_pieces.py printout."""
+    rows = {}
+    for line in data_file(name).read_text().splitlines()[1:]:
+        label, _, value = line.strip().rpartition(" ")
+        if label and not line.startswith("cProfile"):
+            rows[label.strip()] = float(value)
+    return rows
+
+
+host = {when: host_rows(name) for when, name in HOST.items()}
+BARS = {"API forward": "forward, replayed",
+        "API forward in full (no plan)": "forward in full, making its plan",
+        "API forward in full, plans off": "forward in full, plans off",
+        "API backward": "backward, replayed",
+        "API backward in full, plans off": "backward in full, plans off",
+        "torch flash SDPA (peer)": "torch's flash SDPA (forward)"}
+fig, ax = plt.subplots(figsize=(10, 3.2))
+for i, (when, rows) in enumerate(host.items()):
+    ys = [rows.get(b, float("nan")) for b in BARS]
+    ax.barh([j + 0.4 * i for j in range(len(BARS))], ys, height=0.4, label=f"H100, {when} UTC")
+ax.set_yticks([j + 0.2 for j in range(len(BARS))], list(BARS.values()), fontsize=8)
+ax.invert_yaxis()
+ax.set_xlabel("host µs a call (no synchronization in the loop)")
+ax.legend(fontsize=8)
+show(fig, "host_time_plans_h100")
+
 # %%
 rows = {t: {(r["d"], r["N"], r["causal"]): r for r in gpu_time[f"bf16-{t}"]["rows"]}
         for t in ("base", "new")}
@@ -556,4 +593,9 @@ cudnn_ahead = [(when, mode, d, c, n) for when, run in plans.items()
                for n, x in over_fa2(run, mode, d, c).items()
                if x > over_fa2(run, mode, d, c, impl="torch cudnn")[n]]
 assert cudnn_ahead == [("17:28", "fwd", 64, False, 16384), ("17:44", "fwd", 64, False, 16384)]
+# its host times: a replayed forward within 2x of SDPA's and under a third of the full call's
+for when, rows in host.items():
+    assert rows["API forward"] < 2 * rows["torch flash SDPA (peer)"], (when, rows)
+    assert 3 * rows["API forward"] < rows["API forward in full (no plan)"], (when, rows)
+assert 4 * host["17:42"]["API backward"] < host["17:42"]["API backward in full, plans off"]
 print("claim holds")
