@@ -297,6 +297,10 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     Returns out (..., Nq, d) like q and lse (..., Nq) (natural log, float64 for float64
     inputs, else float32), as the same kind of array as q. Rows that see no key
     (Nq > Nk under causal) give out = 0, lse = -inf.
+
+    On torch tensors, a call that matches an earlier one in its tensors' addresses, shapes,
+    dtypes and layout, its options and the current stream replays what that call launched
+    and allocated, its checks skipped (numba_flash.replay; the backward too).
     """
     causal = _flag("causal", causal)
     options = ("forward", causal, type(scale), scale, type(block_m), block_m, type(block_n),
