@@ -2,8 +2,8 @@
 
 Validation happens here, before any launch; inputs are never modified. A call whose arrays
 and options match, in everything the checks read, one that passed them is not checked again
-(the calls' memo, below); a call on torch tensors that matches one made before in
-everything its work reads replays what that call did (numba_flash.replay).
+(the calls' memo, below); a call on torch tensors that matches two made before in
+everything its work reads replays what the second did (numba_flash.replay).
 """
 
 import math
@@ -298,8 +298,8 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     inputs, else float32), as the same kind of array as q. Rows that see no key
     (Nq > Nk under causal) give out = 0, lse = -inf.
 
-    On torch tensors, a call that matches an earlier one in its tensors' addresses, shapes,
-    dtypes and layout, its options and the current stream replays what that call launched
+    On torch tensors, a call that matches two earlier ones in its tensors' addresses, shapes,
+    dtypes and layout, its options and the current stream replays what the second launched
     and allocated, its checks skipped (numba_flash.replay; the backward too).
     """
     causal = _flag("causal", causal)
@@ -329,8 +329,9 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     bh, bhk = p.batch_heads, math.prod(p.kv_lead)
     ptr, stream = arrays.launch_stream(q)
     grid = (ceil_div(p.nq, bm), *head_grid(bh))
-    # (a call that can have a plan is recorded: the list holds its allocations to the end)
-    with simulator_exclusive(), recording(plan_key is not None) as events:
+    # (a call whose key came back is recorded, to make its plan: the list holds its
+    # allocations to the end)
+    with simulator_exclusive(), recording(replay.repeated(plan_key)) as events:
         d_out = (arrays.empty_device((bh, p.nq, p.d), p.dtype, like=q, as_dtype=np.uint16)
                  if stored else arrays.empty_device((bh, p.nq, p.d), dt, like=q))
         d_lse = arrays.empty_device((bh, p.nq), dt, like=q)
@@ -431,7 +432,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     extra = {"fmt": p.half} if stored else {"half": True} if p.half and pair.half_inputs else {}
     # (workspace from q's pool too)
     with arrays.allocating_like(q), simulator_exclusive(), \
-            recording(plan_key is not None) as events:
+            recording(replay.repeated(plan_key)) as events:
         d_dq = arrays.empty_device(qs, dt, like=q)
         d_dk, d_dv = ((arrays.empty_device(ks, p.dtype, like=q, as_dtype=np.uint16)
                        for _ in range(2)) if stored else

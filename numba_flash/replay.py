@@ -17,15 +17,17 @@ remembered call allocated (its outputs, and workspace such as D) and makes its l
 order, from their packed arguments with the new pointers written in (`Plan.run`): the checks
 it skips passed for the remembered call and read nothing that differs. Every allocation is
 made before the first launch and kept until the last, as in the recorded call (whose record
-holds them): a call that no plan can serve (not on torch tensors) is not recorded and frees
-its workspace as it goes.
+holds them): a call not recorded (not on torch tensors, or its key's first call) frees its
+workspace as it goes.
 
-A plan is made (`remember`) only of a call on a GPU whose pair marks its kernels replayable
-(registry.Pair.replay), every launch of which the Launcher packed (launch.recording), and
-whose launches' array arguments all lie in the call's arrays (their pointers are in the key),
-in memory the call took from torch's pool (launch.note, from arrays.empty_device: allocated
-anew at each replay) or in memory of their own that the plan holds (the tensor maps); and
-whose results are such allocations. A plan holds no tensor of the call.
+A key's first call only notes the key (`repeated`); its second is recorded and makes the plan;
+its third replays. A plan is made (`remember`) only of a call on a GPU whose pair marks its
+kernels replayable (registry.Pair.replay), every launch of which the Launcher packed
+(launch.recording), and whose launches' array arguments all lie in the call's arrays (their
+pointers are in the key), in memory the call took from torch's pool (launch.note, from
+arrays.empty_device: allocated anew at each replay) or in memory of their own that the plan
+holds (the tensor maps); and whose results are such allocations. A plan holds no tensor of the
+call.
 """
 
 import collections
@@ -39,6 +41,13 @@ from .kernels.launch import SIMULATOR, VIEW_PTR, DeviceView, Launch, current_con
 # plan a call: the dict is cleared at this size
 PLAN_ENTRIES = 256
 _plans = {}
+
+# keys met once: a call is recorded, and its plan made, only when its key comes back, so that
+# calls that never repeat (new tensors every time) pay for the key alone (a recorded call and
+# its plan cost ~25 us more than the call with plans off: 146 against 121 us, 2026-12-06
+# 17:42, tools/host_pieces.py)
+MET_ENTRIES = 4096
+_met = set()
 
 # calls served by a plan ("replayed") and plans made ("made") in this process: how often a
 # workload's calls repeat (examples/recall.py reports them for its training steps)
@@ -134,6 +143,19 @@ def _nbytes(shape, dtype):
     return n
 
 
+def repeated(plan_key):
+    """True when plan_key (None: False) was met before: the call is then recorded to make
+    its plan (remember); False the first time, which notes it."""
+    if plan_key is None:
+        return False
+    if plan_key in _met:
+        return True
+    if len(_met) >= MET_ENTRIES:
+        _met.clear()
+    _met.add(plan_key)
+    return False
+
+
 def run(plan_key):
     """The remembered plan's results for plan_key, or None (no plan, or it does not serve)."""
     plan = _plans.get(plan_key)
@@ -207,5 +229,7 @@ def remember(plan_key, pair, events, inputs, results):
 
 
 def clear():
-    """Forget every plan (the tests, and a process that wants its memory back)."""
+    """Forget every plan and every key met (the tests, and a process that wants its memory
+    back)."""
     _plans.clear()
+    _met.clear()

@@ -88,6 +88,15 @@ def test_a_plan_is_made_only_of_launches_on_memory_it_can_account_for(monkeypatc
     assert made([view(odd, pool=True), *allocations[1:], _fake_launch(first)]) is None
 
 
+def test_a_key_is_recorded_from_its_second_call():
+    replay.clear()
+    assert not replay.repeated(None)
+    assert [replay.repeated("a"), replay.repeated("b"), replay.repeated("a")] == [False, False,
+                                                                                  True]
+    replay.clear()                                  # clear forgets the keys met too
+    assert not replay.repeated("a")
+
+
 def test_a_variant_with_kernels_of_its_own_is_not_replayed():
     assert all(p.replay for p in registry.PAIRS.values() if "(test)" not in p.name)
     assert not registry.variant("v", "fa2", make_forward=lambda *a: None).replay
@@ -141,8 +150,10 @@ def test_gpu_a_repeated_call_replays_what_it_did(monkeypatch, kernel, dtype):
             replay.clear()
             checked.clear()
             with arrays.AllocationMeter() as full_bytes:
-                first = call()
-            assert checked and len(replay._plans) == 1
+                first = call()                  # its key's first call: noted, no plan
+            assert checked and not replay._plans
+            call()                              # its second: recorded, the plan made
+            assert len(replay._plans) == 1
             checked.clear()
             with arrays.AllocationMeter() as again_bytes:
                 again = call()
@@ -157,13 +168,15 @@ def test_gpu_a_repeated_call_replays_what_it_did(monkeypatch, kernel, dtype):
                     assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3)
                 else:
                     assert torch.equal(a, b), (call.__name__, i)
-            # another option is another call: in full, and a plan of its own
+            # another option is another call: in full, and (at its second) a plan of its own
             checked.clear()
-            if call is forward:
-                flash_attention_forward(q, k, v, causal=False, kernel=kernel)
-            else:
-                flash_attention_backward(dout, q, k, v, out, lse, causal=True, kernel=kernel,
-                                         deterministic=deterministic, scale=0.1)
+            for _ in range(2):
+                if call is forward:
+                    flash_attention_forward(q, k, v, causal=False, kernel=kernel)
+                else:
+                    flash_attention_backward(dout, q, k, v, out, lse, causal=True,
+                                             kernel=kernel, deterministic=deterministic,
+                                             scale=0.1)
             assert checked and len(replay._plans) == 2
 
 
@@ -173,14 +186,16 @@ def test_gpu_a_plan_serves_only_the_call_it_was_made_of(monkeypatch, hold_stream
     from numba_flash import flash_attention_forward
     q, k, v = _inputs(torch, "bfloat16")
     out, lse = flash_attention_forward(q, k, v, causal=True)
+    flash_attention_forward(q, k, v, causal=True)          # (the plan: at a key's second call)
     (plan_key, plan), = replay._plans.items()
     # another stream: a plan of its own, whose launch goes on that stream (held by the host
-    # until the block ends). (The full call comes first, unheld: on a new stream it copies
-    # the tensor maps from pageable host memory, which may wait for the stream.)
+    # until the block ends). (The full calls come first, unheld: on a new stream the first
+    # copies the tensor maps from pageable host memory, which may wait for the stream.)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         out2, _ = flash_attention_forward(q, k, v, causal=True)        # in full
+        flash_attention_forward(q, k, v, causal=True)                  # in full, the plan
         with hold_stream(side.cuda_stream) as timed_out:
             out3, _ = flash_attention_forward(q, k, v, causal=True)    # replayed
             assert not side.query() and not timed_out()
@@ -188,7 +203,8 @@ def test_gpu_a_plan_serves_only_the_call_it_was_made_of(monkeypatch, hold_stream
     assert len(replay._plans) == 2 and torch.equal(out2, out) and torch.equal(out3, out)
     # an input at another address: in full
     q2 = q.clone()
-    flash_attention_forward(q2, k, v, causal=True)
+    for _ in range(2):
+        flash_attention_forward(q2, k, v, causal=True)
     assert len(replay._plans) == 3
     held = weakref.ref(q2)                          # and its plan does not keep it alive
     del q2

@@ -71,12 +71,19 @@ def main(argv=None):
     def synchronized(f):
         return lambda: (f(), torch.cuda.synchronize())
 
-    def full_forward():         # the call in full: no plan to replay (numba_flash.replay)
+    def full_forward():         # the call in full, its key's first (numba_flash.replay)
         replay.clear()
         return forward()
 
+    def recorded_forward():     # in full, its key's second: recorded, its plan made (+ a key)
+        replay.clear()
+        replay.repeated(replay.key((q, k, v), ("forward", True, type(None), None, type(None),
+                                                None, type(None), None, str, "wgmma16")))
+        return forward()
+
     rows = {"API forward": us(forward), "API forward + synchronize": us(synchronized(forward)),
-            "API forward in full (no plan)": us(full_forward),
+            "API forward in full, key's first call": us(full_forward),
+            "API forward in full, making its plan": us(recorded_forward),
             "replay.clear alone": us(replay.clear)}
     with mock.patch.object(replay, "key", lambda *a: None):     # no plan made or looked up
         rows["API forward in full, plans off"] = us(forward)
