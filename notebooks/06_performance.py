@@ -529,13 +529,36 @@ assert rows["new"][(128, 16384, False)]["peer_ms"] > rows["new"][(128, 16384, Fa
 # FA2 measured alike in both processes: the comparison is of the trees, not of the runs
 assert all(abs(rows["base"][k]["peer_ms"] / r["peer_ms"] - 1) < 0.01
            for k, r in rows["new"].items())
+
+
+def check_runs(runs, dtype, digits=5):
+    """Each of runs ({time: run}) an H100's of 2026-12-06 started at that time (its first
+    `digits` characters), every record of `dtype`, none an error."""
+    for when, run in runs.items():
+        env = run["environment"]
+        assert env["gpu"].startswith("NVIDIA H100") and env["date"].startswith(
+            "2026-12-06T" + when[:digits]), env
+        assert {r["dtype"] for r in run["records"]} == {dtype}
+        assert not any("error" in r for r in run["records"])
+
+
+def fa2_ratios(runs):
+    """{(time, mode, d, causal, N): wgmma16 / FlashAttention-2} over bfloat16 runs."""
+    return {(when, mode, d, c, n): x for when, run in runs.items()
+            for mode in ("fwd", "fwd+bwd") for d, c in PANELS
+            for n, x in over_fa2(run, mode, d, c).items()}
+
+
+def cudnn_behind(runs):
+    """The (time, mode, d, causal, N) where wgmma16 leads cuDNN."""
+    return [(when, mode, d, c, n) for when, run in runs.items()
+            for mode in ("fwd", "fwd+bwd") for d, c in PANELS
+            for n, x in over_fa2(run, mode, d, c).items()
+            if x > over_fa2(run, mode, d, c, impl="torch cudnn")[n]]
+
+
 # claim 4: float32 on an H100, 2026-12-06, four runs of the day
-for when, run in today.items():
-    env = run["environment"]
-    assert env["gpu"].startswith("NVIDIA H100") and env["date"].startswith(
-        "2026-12-06T" + when), env
-    assert {r["dtype"] for r in run["records"]} == {"float32"}
-    assert not any("error" in r for r in run["records"])
+check_runs(today, "float32")
 spans = {(when, mode): [x for d, c in PANELS for x in over_efficient(run, mode, d, c).values()]
          for when, run in today.items() for mode in ("fwd", "fwd+bwd")}
 assert all(len(xs) == 12 for xs in spans.values()), spans
@@ -550,15 +573,8 @@ at_target = [(d, c, n) for d, c in PANELS
              for n, x in over_efficient(today["14:32"], "fwd+bwd", d, c).items() if x >= 1.5]
 assert at_target == [(128, False, 16384)], at_target
 # claim 5: bfloat16 on an H100, 2026-12-06, three runs of the same kernels
-for when, run in half_today.items():
-    env = run["environment"]
-    assert env["gpu"].startswith("NVIDIA H100") and env["date"].startswith(
-        "2026-12-06T" + when[:2]), env
-    assert {r["dtype"] for r in run["records"]} == {"bfloat16"}
-    assert not any("error" in r for r in run["records"])
-half_ratio = {(when, mode, d, c, n): x for when, run in half_today.items()
-              for mode in ("fwd", "fwd+bwd") for d, c in PANELS
-              for n, x in over_fa2(run, mode, d, c).items()}
+check_runs(half_today, "bfloat16", digits=2)
+half_ratio = fa2_ratios(half_today)
 assert len(half_ratio) == 3 * 2 * 12, len(half_ratio)
 behind = sorted(k for k, x in half_ratio.items() if x < 1)
 assert behind == sorted([(when, "fwd", d, True, 1024) for when in ("04:21", "15:51", "16:22")
@@ -567,32 +583,19 @@ assert all(0.9 < half_ratio[k] < 1 for k in behind)
 afternoon = [x for k, x in half_ratio.items() if k[0] != "04:21"]
 assert max(afternoon) < 1.7 and min(x for k, x in half_ratio.items()
                                     if k[0] != "04:21" and k[1] == "fwd+bwd") > 1.02
-cudnn_ahead = [(when, mode, d, c, n) for when, run in half_today.items()
-               for mode in ("fwd", "fwd+bwd") for d, c in PANELS
-               for n, x in over_fa2(run, mode, d, c).items()
-               if x > over_fa2(run, mode, d, c, impl="torch cudnn")[n]]
-assert cudnn_ahead == [("15:51", "fwd", 64, False, 16384), ("16:22", "fwd", 64, False, 16384)]
+assert cudnn_behind(half_today) == [("15:51", "fwd", 64, False, 16384),
+                                    ("16:22", "fwd", 64, False, 16384)]
 # claim 6: bfloat16 with call plans, two runs; the forward ahead of FlashAttention-2 everywhere
-for when, run in plans.items():
-    env = run["environment"]
-    assert env["gpu"].startswith("NVIDIA H100") and env["date"].startswith(
-        "2026-12-06T" + when), env
-    assert {r["dtype"] for r in run["records"]} == {"bfloat16"}
-    assert not any("error" in r for r in run["records"])
-plan_ratio = {(when, mode, d, c, n): x for when, run in plans.items()
-              for mode in ("fwd", "fwd+bwd") for d, c in PANELS
-              for n, x in over_fa2(run, mode, d, c).items()}
+check_runs(plans, "bfloat16")
+plan_ratio = fa2_ratios(plans)
 assert len(plan_ratio) == 2 * 2 * 12, len(plan_ratio)
 fwd = [x for k, x in plan_ratio.items() if k[1] == "fwd"]
 both = [x for k, x in plan_ratio.items() if k[1] == "fwd+bwd"]
 assert 1.24 < min(fwd) and max(fwd) < 1.6, fwd
 assert 1.07 < min(both) and max(both) < 1.26, both
 assert all(plan_ratio[when, "fwd", d, True, 1024] > 1.24 for when in plans for d in (64, 128))
-cudnn_ahead = [(when, mode, d, c, n) for when, run in plans.items()
-               for mode in ("fwd", "fwd+bwd") for d, c in PANELS
-               for n, x in over_fa2(run, mode, d, c).items()
-               if x > over_fa2(run, mode, d, c, impl="torch cudnn")[n]]
-assert cudnn_ahead == [("17:28", "fwd", 64, False, 16384), ("17:44", "fwd", 64, False, 16384)]
+assert cudnn_behind(plans) == [("17:28", "fwd", 64, False, 16384),
+                               ("17:44", "fwd", 64, False, 16384)]
 # its host times: a replayed forward within 2x of SDPA's and under a third of the full call's
 for when, rows in host.items():
     assert rows["API forward"] < 2 * rows["torch flash SDPA (peer)"], (when, rows)

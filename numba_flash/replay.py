@@ -31,10 +31,10 @@ call.
 """
 
 import collections
-import sys
+import math
 
 from . import registry
-from .arrays import AllocationMeter
+from .arrays import AllocationMeter, _torch_module
 from .kernels.launch import SIMULATOR, VIEW_PTR, DeviceView, Launch, current_context
 
 # a process that meets many inputs (training without a caching allocator's reuse) makes a
@@ -64,7 +64,8 @@ _OPTION_TYPES = frozenset((type(None), bool, int, float, str, type))
 
 
 def _torch_tensor():
-    torch = sys.modules.get("torch")
+    """torch.Tensor if torch is imported (an input can only be a tensor then), else None."""
+    torch = _torch_module()
     return None if torch is None else torch.Tensor
 
 
@@ -109,7 +110,7 @@ class Plan:
     def __init__(self, pair, allocations, launches, results, held):
         self.pair, self.allocations, self.launches = pair, allocations, launches
         self.results, self.held = results, held
-        self.nbytes = sum(_nbytes(shape, dtype) for shape, dtype, _ in allocations)
+        self.nbytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in allocations)
 
     def run(self):
         """The call's results as the API returns them, or None where the plan does not serve
@@ -134,13 +135,6 @@ class Plan:
             meter.bytes += self.nbytes
         return tuple(tensors[a] if shape is None else tensors[a].reshape(shape)
                      for a, shape in self.results)
-
-
-def _nbytes(shape, dtype):
-    n = dtype.itemsize
-    for s in shape:
-        n *= s
-    return n
 
 
 def repeated(plan_key):

@@ -105,12 +105,18 @@ def test_a_variant_with_kernels_of_its_own_is_not_replayed():
     assert registry.variant("v", "fa2", make_forward=lambda *a: None, replay=True).replay
 
 
-def test_only_torch_tensors_and_plain_options_are_keyed():
-    q = np.zeros((1, 2, 8, 4), np.float32)
-    assert replay.key((q, q, q), ("forward",)) is None
+def test_only_torch_cuda_tensors_and_plain_options_are_keyed(monkeypatch):
+    # (the simulator's answer is always None: the rules below it are run as on a GPU, up to
+    # the stream and context lookups, which a key that reaches them would fail on here)
     torch = pytest.importorskip("torch")
-    t = torch.zeros(1, 2, 8, 4)                     # on the host: never on a GPU's plan
-    assert replay.key((t, t, t), ("forward", False)) is None
+    monkeypatch.setattr(replay, "SIMULATOR", False)
+    monkeypatch.setattr(replay, "current_context", lambda: pytest.fail("keyed"))
+    q = np.zeros((1, 2, 8, 4), np.float32)
+    t = torch.zeros(1, 2, 8, 4)
+    assert replay.key((q, q, q), ("forward",)) is None              # NumPy
+    assert replay.key((t, t, q), ("forward",)) is None              # one not a tensor
+    assert replay.key((t, t, t), ("forward", np.float32(1))) is None   # a NumPy scalar option
+    assert replay.key((t, t, t), ("forward", False)) is None        # on the host
 
 
 # --- on a GPU ------------------------------------------------------------------------------

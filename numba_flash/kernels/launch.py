@@ -306,12 +306,12 @@ class Launcher:
                 self._configs.clear()
             self._configs[(grid, block)] = dims
         grid, block, config = dims
-        listed = getattr(_recording, "events", None) is not None
+        events = getattr(_recording, "events", None)       # (recording())
         if packers is None:
             Launcher.numba_launches += 1
             kern.launch(args, grid, block, _core_stream(stream), self.nbytes)
-            if listed:
-                note(None)
+            if events is not None:
+                events.append(None)
             return
         packed, starts = [], []
         for pack, a in zip(packers, args):
@@ -319,9 +319,9 @@ class Launcher:
             pack(a, packed)
         core_stream = _core_stream(stream)
         launch(core_stream, config, cukernel, *packed)
-        if listed:
-            note(Launch(cukernel, config, core_stream, tuple(args), tuple(packed),
-                        tuple(starts)))
+        if events is not None:
+            events.append(Launch(cukernel, config, core_stream, tuple(args), tuple(packed),
+                                 tuple(starts)))
 
 
 def current_context():
