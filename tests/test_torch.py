@@ -223,17 +223,17 @@ def test_gpu_outputs_are_the_allocators_own_tensors():
 def test_gpu_cupy_arrays_run_on_cupys_current_stream(hold_stream):
     # q is written on CuPy's current stream behind a wait that only the host ends
     # (conftest.hold_stream): the call must queue its kernels behind it and return while the
-    # stream is held, and once it goes on give the NumPy call's answer. If the call blocks,
-    # its stack is printed after 10 s.
+    # stream is held, and once it goes on give the NumPy call's answer. If the held block
+    # blocks, its stack is printed after 10 s.
+    # Work whose first run may wait for the device is done once on the stream before the
+    # hold: in a full gpu run (19:20, 2026-12-06) the held block ran until the hold's timer
+    # ended it but printed no stack from the call, so what waited was the copy before it, the
+    # first CuPy copy on a new stream (a kernel's first launch loads its module lazily, which
+    # may synchronize the context: the CUDA programming guide's lazy loading hazards; or
+    # the pool's first block for that stream). That is CuPy's first use, not this call's.
     # Numba frees collected device arrays in batches (the 11th pending free flushes them all,
-    # and cuMemFree waits for the device), so any Python code that drops the last reference
-    # to a Numba array may wait for every stream. In a full gpu run (17:42, 2026-12-06) this
-    # call did not return until the hold ended; the likely cause is such a batch: earlier
-    # tests' Numba arrays collected by a garbage collection during the call (not confirmed:
-    # the run that would have printed the stack got no GPU). It would also explain the
-    # drained streams of 16:20 and 17:26, when the work in front was torch.cuda._sleep or
-    # matmuls. That is Numba's allocator, not this call: here the pending frees are flushed
-    # before the hold and the collector is off while the stream is held.
+    # and cuMemFree waits for the device): the pending frees are flushed before the hold and
+    # the collector is off while the stream is held.
     import faulthandler
     import gc
     cupy = pytest.importorskip("cupy")
@@ -243,23 +243,24 @@ def test_gpu_cupy_arrays_run_on_cupys_current_stream(hold_stream):
     q, k, v = (rng.standard_normal((1, 2, 777, 64)).astype(np.float32) for _ in range(3))
     ref, _ = flash_attention_forward(q, k, v)                   # compiles, off the clock
     q_dev, k_dev, v_dev = (cupy.asarray(x) for x in (q, k, v))
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:                                    # first uses, unheld
+        flash_attention_forward(q_dev.copy(), k_dev, v_dev)
+    stream.synchronize()
     gc.collect()
     context = devices.get_context()
     context.deallocations.clear()
     context.memory_manager.deallocations.clear()
-    stream = cupy.cuda.Stream(non_blocking=True)
     gc.disable()
+    faulthandler.dump_traceback_later(10)
     try:
         with stream, hold_stream(stream.ptr) as timed_out:
             dq = q_dev.copy()                          # produced on the device, on the stream
-            faulthandler.dump_traceback_later(10)
-            try:
-                out, _ = flash_attention_forward(dq, k_dev, v_dev)
-            finally:
-                faulthandler.cancel_dump_traceback_later()
+            out, _ = flash_attention_forward(dq, k_dev, v_dev)
             assert not timed_out(), "the call waited on the host for the stream's held work"
             assert not stream.done, "the stream ran past its hold"
     finally:
+        faulthandler.cancel_dump_traceback_later()
         gc.enable()
     stream.synchronize()
     assert np.abs(cupy.asnumpy(out) - ref).max() < 1e-5
