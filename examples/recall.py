@@ -128,7 +128,8 @@ def train(model, task, attend, steps, batch_size, lr=3e-3, seed=0, device="cpu",
     after the first: the first compiles the kernels (or loads them from the cache) and is kept
     apart. Each step ends in loss.item(), which waits for the GPU, so a step's time is its
     own. plans: numba-flash calls in these steps replayed from a plan and plans made
-    (numba_flash.replay: a call on the same tensors' addresses as an earlier one replays)."""
+    (numba_flash.replay: a call like two earlier ones, on tensors of the same shapes, dtypes
+    and layout, replays)."""
     import contextlib
     from tqdm import tqdm
     from numba_flash import replay

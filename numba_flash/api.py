@@ -298,16 +298,17 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     inputs, else float32), as the same kind of array as q. Rows that see no key
     (Nq > Nk under causal) give out = 0, lse = -inf.
 
-    On torch tensors, a call that matches two earlier ones in its tensors' addresses, shapes,
-    dtypes and layout, its options and the current stream replays what the second launched
-    and allocated, its checks skipped (numba_flash.replay; the backward too).
+    On torch tensors, a call that matches two earlier ones in its tensors' shapes, dtypes,
+    layout and alignment, its options and the current stream replays what the second launched
+    and allocated on its own tensors, its checks skipped (numba_flash.replay; the backward
+    too).
     """
     causal = _flag("causal", causal)
     options = ("forward", causal, type(scale), scale, type(block_m), block_m, type(block_n),
                block_n, type(kernel), kernel)
     plan_key = replay.key((q, k, v), options)   # torch tensors: what a call like it did
     if plan_key is not None:
-        replayed = replay.run(plan_key)
+        replayed = replay.run(plan_key, (q, k, v))
         if replayed is not None:
             return replayed
     q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)
@@ -410,7 +411,7 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
                type(block_n), block_n, type(kernel), kernel)
     plan_key = replay.key((q, k, v, dout, out, lse), options)
     if plan_key is not None:
-        replayed = replay.run(plan_key)
+        replayed = replay.run(plan_key, (q, k, v, dout, out, lse))
         if replayed is not None:
             return replayed
     q, k, v = as_array("q", q), as_array("k", k), as_array("v", v)

@@ -9,24 +9,27 @@ host, 2026-12-06 17:18, tools/host_pieces.py). At the benchmark's causal N = 1k 
 kernel is ~240 us: that host time is what a synchronized call adds to it.
 
 A call whose arrays match a remembered call's in everything that work reads makes the same
-launches but for the pointers of the memory it allocates: the tensors' data pointers, shapes,
-dtypes, devices, contiguity and requires_grad; the options (causal, scale, tiles, kernel,
-deterministic: each of a plain scalar type); the current stream and CUDA context; the
-registry's generation and the pair's identity (`key`). Such a call here allocates what the
-remembered call allocated (its outputs, and workspace such as D) and makes its launches, in
-order, from their packed arguments with the new pointers written in (`Plan.run`): the checks
-it skips passed for the remembered call and read nothing that differs. Every allocation is
-made before the first launch and kept until the last, as in the recorded call (whose record
-holds them): a call not recorded (not on torch tensors, or its key's first call) frees its
-workspace as it goes.
+launches but for pointers: the tensors' shapes, dtypes, devices, contiguity, requires_grad,
+their data pointers modulo ALIGN (the kernels choose their code by alignment) and how they
+overlap one another (which earlier tensor each overlaps, and at what offset); the options
+(causal, scale, tiles, kernel, deterministic: each of a plain scalar type); the current stream
+and CUDA context; the registry's generation and the pair's identity (`key`). Such a call here
+allocates what the remembered call allocated (its outputs, and workspace such as D) and makes
+its launches, in order, from their packed arguments with its own tensors' pointers and the new
+allocations' written in, and tensor maps made for them (`Plan.run`; tma.tensor_maps, cached by
+pointer): the checks it skips passed for the remembered call and read nothing that differs.
+A training loop's tensors come at new addresses each step, and its calls replay all the same
+(examples/recall.py counts them). Every allocation is made before the first launch and kept
+until the last, as in the recorded call (whose record holds them): a call not recorded (not on
+torch tensors, or its key's first call) frees its workspace as it goes.
 
 A key's first call only notes the key (`repeated`); its second is recorded and makes the plan;
 its third replays. A plan is made (`remember`) only of a call on a GPU whose pair marks its
 kernels replayable (registry.Pair.replay), every launch of which the Launcher packed
-(launch.recording), and whose launches' array arguments all lie in the call's arrays (their
-pointers are in the key), in memory the call took from torch's pool (launch.note, from
-arrays.empty_device: allocated anew at each replay) or in memory of their own that the plan
-holds (the tensor maps); and whose results are such allocations. A plan holds no tensor of the
+(launch.recording), and whose launches' array arguments all lie in the call's tensors, in
+memory the call took from torch's pool (launch.note, from arrays.empty_device: allocated anew
+at each replay), in tensor maps of those (remade at each replay) or in other memory of their
+own that the plan holds; and whose results are such allocations. A plan holds no tensor of the
 call.
 """
 
@@ -36,6 +39,7 @@ import math
 from . import registry
 from .arrays import AllocationMeter, _torch_module
 from .kernels.launch import SIMULATOR, VIEW_PTR, DeviceView, Launch, current_context
+from .kernels.sm90.tma import MapsMemory, tensor_maps
 
 # a process that meets many inputs (training without a caching allocator's reuse) makes a
 # plan a call: the dict is cleared at this size
@@ -72,7 +76,10 @@ def _torch_tensor():
 def key(xs, options):
     """The plan key of a call on arrays xs (the API's order) with `options` (the API's tuple
     of values and their types), or None where no plan can serve: not all plain torch CUDA
-    tensors, an option that is not a plain scalar, the simulator."""
+    tensors, an option that is not a plain scalar, the simulator. Of each tensor: its data
+    pointer modulo ALIGN, every earlier tensor whose memory it overlaps with the offset
+    between them (so that memory found in one at the remembered call is found there at a
+    replay), shape, dtype, device, contiguity and requires_grad."""
     tensor = _torch_tensor()
     if SIMULATOR or tensor is None:
         return None
@@ -86,50 +93,81 @@ def key(xs, options):
         return None
     device = xs[0].get_device()
     import torch
-    parts = [options, torch._C._cuda_getCurrentRawStream(device), current_context(),
-             registry.generation()]
     try:
-        for x in xs:
-            parts += (x.data_ptr(), x.shape, x.dtype, x.get_device(), x.is_contiguous(),
-                      x.requires_grad)
+        layout = _layout(xs)
     except RuntimeError:        # (a tensor without storage, e.g. sparse: no data pointer)
         return None
-    return tuple(parts)
+    return (options, torch._C._cuda_getCurrentRawStream(device), current_context(),
+            registry.generation(), layout)
+
+
+def _layout(xs):
+    """What the plan key holds of tensors xs: (parts, overlaps). parts: of each tensor its
+    data pointer modulo ALIGN, shape, dtype, device, contiguity and requires_grad; overlaps:
+    () when no two tensors share memory (the usual case, found in one pass over the spans in
+    address order), else of each tensor the earlier ones whose memory it overlaps, as (index,
+    its pointer minus theirs)."""
+    parts, spans = [], []
+    for x in xs:
+        p = x.data_ptr()
+        parts += (p % ALIGN, x.shape, x.dtype, x.get_device(), x.is_contiguous(),
+                  x.requires_grad)
+        spans.append((p, x.nbytes))
+    ordered = sorted(spans)
+    for (p, n), (q, _) in zip(ordered, ordered[1:]):
+        if p + n > q:
+            break
+    else:
+        return tuple(parts), ()
+    overlaps = tuple(tuple((j, p - q) for j, (q, m) in enumerate(spans[:i])
+                           if q < p + n and p < q + m)
+                     for i, (p, n) in enumerate(spans))
+    return tuple(parts), overlaps
 
 
 class Plan:
     """One remembered call: run() allocates what it allocated and makes its launches with
     the new pointers (module docstring).
-    allocations: (shape, dtype, device) of each torch tensor the call took from the pool;
-    launches: (kernel, config, stream, packed, slots) each, slots (position in packed,
-    allocation, byte offset) where an allocation's pointer goes; results: (allocation,
-    shape) of each array returned; held: memory of its own the launches read (tensor maps)."""
+    inputs: how many tensors the call takes; allocations: (shape, dtype, device) of each
+    torch tensor the call took from the pool; launches: (kernel, config, stream, packed,
+    slots, maps) each: slots (position in packed, source, byte offset) where a pointer goes,
+    source i < inputs the call's tensor i, else allocation i - inputs; maps (position,
+    mapped, stream) where the tensor maps of `mapped` ((source, byte offset, shape, dtype)
+    each) go; results: (allocation, shape) of each array returned; held: memory of its own
+    the launches read."""
 
-    __slots__ = ("pair", "allocations", "launches", "results", "held", "nbytes")
+    __slots__ = ("pair", "inputs", "allocations", "launches", "results", "held", "nbytes")
 
-    def __init__(self, pair, allocations, launches, results, held):
-        self.pair, self.allocations, self.launches = pair, allocations, launches
-        self.results, self.held = results, held
+    def __init__(self, pair, inputs, allocations, launches, results, held):
+        self.pair, self.inputs, self.allocations = pair, inputs, allocations
+        self.launches, self.results, self.held = launches, results, held
         self.nbytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in allocations)
 
-    def run(self):
-        """The call's results as the API returns them, or None where the plan does not serve
-        (the pair was replaced in the registry by hand; an allocation not aligned as the
-        remembered call's was): the caller then runs the call in full."""
+    def run(self, xs):
+        """The results of the call on tensors xs (the key's) as the API returns them, or
+        None where the plan does not serve (the pair was replaced in the registry by hand;
+        an allocation not aligned as the remembered call's was): the caller then runs the
+        call in full."""
         import torch
         from cuda.core import launch
         if registry.PAIRS.get(self.pair.name) is not self.pair:
             return None
         tensors = [torch.empty(shape, dtype=dtype, device=device)
                    for shape, dtype, device in self.allocations]
-        pointers = [t.data_ptr() for t in tensors]
-        for p in pointers:
+        pointers = [x.data_ptr() for x in xs]
+        for t in tensors:
+            p = t.data_ptr()
             if p % ALIGN:
                 return None
-        for kernel, config, stream, packed, slots in self.launches:
+            pointers.append(p)
+        for kernel, config, stream, packed, slots, maps in self.launches:
             packed = list(packed)
             for at, a, offset in slots:
                 packed[at] = pointers[a] + offset
+            for at, mapped, maps_stream in maps:
+                packed[at] = tensor_maps([DeviceView(pointers[a] + offset, shape, dtype)
+                                          for a, offset, shape, dtype in mapped],
+                                         maps_stream).ptr
             launch(stream, config, kernel, *packed)
         for meter in AllocationMeter.active:
             meter.bytes += self.nbytes
@@ -150,12 +188,13 @@ def repeated(plan_key):
     return False
 
 
-def run(plan_key):
-    """The remembered plan's results for plan_key, or None (no plan, or it does not serve)."""
+def run(plan_key, xs):
+    """The remembered plan's results for plan_key, the key of a call on tensors xs, or None
+    (no plan, or it does not serve)."""
     plan = _plans.get(plan_key)
     if plan is None:
         return None
-    results = plan.run()
+    results = plan.run(xs)
     if results is not None:
         counts["replayed"] += 1
     return results
@@ -170,15 +209,28 @@ def _containing(spans, lo, hi):
     return None
 
 
+def _mapped(spans, maps):
+    """What tensor maps (a tma.MapsMemory) map, as Plan.launches' `mapped`, or None where an
+    array they map is not C-contiguous or lies in none of spans."""
+    mapped = []
+    for ptr, shape, dtype, strides in maps.arrays:
+        at = _containing(spans, ptr, ptr + math.prod(shape) * dtype.itemsize)
+        if at is None or DeviceView(0, shape, dtype).strides != strides:
+            return None
+        mapped.append((at, ptr - spans[at][0], shape, dtype))
+    return tuple(mapped)
+
+
 def remember(plan_key, pair, events, inputs, results):
     """Make and keep the plan of a call that passed its checks, recorded `events`
-    (launch.recording's list) on arrays `inputs` and returned `results`; nothing where the
+    (launch.recording's list) on tensors `inputs` and returned `results`; nothing where the
     call cannot be replayed (module docstring)."""
     if plan_key is None or events is None or not pair.replay or not events:
         return
     tensor = _torch_tensor()
-    keyed = [(x.data_ptr(), x.nbytes) for x in inputs]
-    owners, spans, launches, held = [], [], [], []
+    # the call's tensors, then its allocations as they come: a slot's source indexes this
+    spans = [(x.data_ptr(), x.nbytes) for x in inputs]
+    owners, launches, held = [], [], []
     for e in events:
         if type(e) is DeviceView:                   # an allocation from the pool
             owner = e.pool_owner
@@ -189,7 +241,7 @@ def remember(plan_key, pair, events, inputs, results):
             continue
         if type(e) is not Launch:
             return                                  # a launch Numba packed
-        slots = []
+        slots, maps = [], []
         for a, start in zip(e.args, e.starts):
             if type(a) is not DeviceView:
                 if isinstance(a, tensor) or hasattr(a, "__cuda_array_interface__"):
@@ -199,26 +251,30 @@ def remember(plan_key, pair, events, inputs, results):
             at = _containing(spans, lo, hi)         # the latest: a freed block is reused
             if at is not None:
                 slots.append((start + VIEW_PTR, at, lo - spans[at][0]))
-            elif _containing(keyed, lo, hi) is not None:
-                continue        # keyed: the same memory at every replay
+            elif type(a.owner) is MapsMemory:       # tensor maps: remade at each replay
+                mapped = _mapped(spans, a.owner)
+                if mapped is None:
+                    return
+                maps.append((start + VIEW_PTR, mapped, a.owner.stream))
             elif a.pool_owner is None and type(a.owner) is not tensor:
-                held.append(a)  # memory of its own (the tensor maps): kept with the plan
+                held.append(a)  # memory of its own: kept with the plan
             else:
                 return          # memory the plan cannot account for
-        launches.append((e.kernel, e.config, e.stream, e.packed, tuple(slots)))
-    returned = []
+        launches.append((e.kernel, e.config, e.stream, e.packed, tuple(slots), tuple(maps)))
+    returned, n = [], len(inputs)
     for r in results:
         at = None if type(r) is not tensor else _containing(spans, r.data_ptr(),
                                                              r.data_ptr() + r.nbytes)
-        if at is None or spans[at] != (r.data_ptr(), r.nbytes):
+        if at is None or at < n or spans[at] != (r.data_ptr(), r.nbytes):
             return              # a result that is not one of the call's allocations
-        returned.append((at, None if r.shape == owners[at].shape else tuple(r.shape)))
+        returned.append((at - n, None if r.shape == owners[at - n].shape else tuple(r.shape)))
     if not launches:
         return
     if len(_plans) >= PLAN_ENTRIES:
         _plans.clear()
     allocations = tuple((tuple(o.shape), o.dtype, o.device) for o in owners)
-    _plans[plan_key] = Plan(pair, allocations, tuple(launches), tuple(returned), tuple(held))
+    _plans[plan_key] = Plan(pair, n, allocations, tuple(launches), tuple(returned),
+                            tuple(held))
     counts["made"] += 1
 
 

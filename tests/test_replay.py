@@ -1,6 +1,6 @@
-"""numba_flash.replay: which calls a forward plan is made of, and on a GPU that a replayed
-forward gives what the full call gives, skips the work the plan stands for, and serves only
-calls that match the remembered one."""
+"""numba_flash.replay: which calls a plan is made of, and on a GPU that a replayed forward or
+backward gives what the full call gives, on the remembered call's tensors and on others, skips
+the work the plan stands for, and serves only calls that match the remembered one."""
 
 import ctypes
 import weakref
@@ -10,6 +10,7 @@ import pytest
 
 from numba_flash import registry, replay
 from numba_flash.kernels.launch import VIEW_PTR, DeviceView, Launch, _pack_view
+from numba_flash.kernels.sm90 import tma
 
 
 def _fake_launch(args):
@@ -54,13 +55,14 @@ def test_a_plan_is_made_only_of_launches_on_memory_it_can_account_for(monkeypatc
     before = replay.counts["made"]
     plan = made(events)
     assert plan is not None and replay.counts["made"] == before + 1
-    assert plan.allocations == tuple((tuple(x.shape), x.dtype, x.device)
-                                     for x in (out, lse, work))
-    (_, _, _, packed, slots), (_, _, _, packed2, slots2) = plan.launches
+    assert plan.inputs == 3 and plan.allocations == tuple(
+        (tuple(x.shape), x.dtype, x.device) for x in (out, lse, work))
+    # slot sources: the call's tensors 0-2, then its allocations 3-5
+    (*_, packed, slots, remade), (*_, packed2, slots2, remade2) = plan.launches
     starts = events[3].starts
-    assert slots == ((starts[3] + VIEW_PTR, 0, 0), (starts[4] + VIEW_PTR, 1, 0))
-    assert slots2 == ((VIEW_PTR, 1, 0), (events[4].starts[1] + VIEW_PTR, 2, 32))
-    assert packed == events[3].packed and plan.held == (maps,)
+    assert slots == tuple((starts[i] + VIEW_PTR, i, 0) for i in range(5))
+    assert slots2 == ((VIEW_PTR, 4, 0), (events[4].starts[1] + VIEW_PTR, 5, 32))
+    assert packed == events[3].packed and plan.held == (maps,) and remade == remade2 == ()
     assert plan.results == ((0, None), (1, None))
     assert plan.nbytes == out.nbytes + lse.nbytes + work.nbytes
     # the plan keeps no tensor of the call alive (the launches' arguments hold them all)
@@ -86,6 +88,44 @@ def test_a_plan_is_made_only_of_launches_on_memory_it_can_account_for(monkeypatc
     # not: an allocation at an address less aligned than ALIGN (a replay's must be as aligned)
     odd = torch.zeros(2 * 8 * 4 + 4)[4:].reshape(2, 8, 4)
     assert made([view(odd, pool=True), *allocations[1:], _fake_launch(first)]) is None
+    # tensor maps (tma.tensor_maps) of the call's tensors and allocations: remade at a
+    # replay for their new pointers, on the stream they were made for
+    def tensor_maps(*arrays):
+        mapped = tuple((a.ptr, a.shape, a.dtype, a.strides) for a in arrays)
+        return DeviceView(1 << 21, (len(arrays), 128), np.uint8,
+                          owner=tma.MapsMemory(None, "its stream", mapped))
+    on_maps = [view(k), tensor_maps(view(q), view(work, (2, 8), offset=32))]
+    plan = made([*allocations, _fake_launch(on_maps)])
+    (*_, remade), = plan.launches
+    assert remade == ((_fake_launch(on_maps).starts[1] + VIEW_PTR,
+                     ((0, 0, (2, 8, 4), np.float32), (5, 32, (2, 8), np.float32)),
+                     "its stream"),) and plan.held == ()
+    # not: maps of memory the plan cannot account for, or of an array not C-contiguous
+    assert made([*allocations, _fake_launch([tensor_maps(view(stray))])]) is None
+    transposed = view(q)
+    transposed._strides = (128, 4, 32)
+    assert made([*allocations, _fake_launch([tensor_maps(transposed)])]) is None
+
+
+def test_the_key_holds_how_the_tensors_overlap_not_where_they_are(monkeypatch):
+    # a plan replays on the call's own tensors at their addresses: tensors that shared
+    # memory at the remembered call must share it the same way at a replay
+    torch = pytest.importorskip("torch")
+    monkeypatch.setattr(replay, "ALIGN", 64)        # (the host allocator's alignment)
+    a, b, c = (torch.zeros(2, 8, 64) for _ in range(3))
+    buf = torch.zeros(2, 2, 8, 64)
+    layout = replay._layout((a, b, c))
+    assert layout[1] == ()                          # no memory shared
+    assert replay._layout((b, c, a)) == layout
+    assert replay._layout((a, a, b))[1] == ((), ((0, 0),), ())
+    assert replay._layout((a, b, a))[1] == ((), (), ((0, 0),))
+    assert replay._layout((buf[0], buf[1], buf))[1] == (
+        (), (), ((0, 0), (1, -buf[0].nbytes)))
+    assert replay._layout((buf[1], buf[0], buf))[1] == (
+        (), (), ((0, -buf[0].nbytes), (1, 0)))
+    # alignment is keyed: the kernels choose their code by it
+    shifted = torch.zeros(2 * 8 * 64 + 4)[4:].reshape(2, 8, 64)
+    assert replay._layout((shifted, b, c)) != layout
 
 
 def test_a_key_is_recorded_from_its_second_call():
@@ -146,34 +186,53 @@ def test_gpu_a_repeated_call_replays_what_it_did(monkeypatch, kernel, dtype):
     monkeypatch.setattr(arrays, "to_device",
                         lambda *a, **kw: checked.append(1) or real_import(*a, **kw))
     monkeypatch.setattr(api, "_validate", lambda *a: checked.append(1) or real_validate(*a))
-    forward = lambda: flash_attention_forward(q, k, v, causal=True, kernel=kernel)  # noqa: E731
-    out, lse = forward()
+    def forward(t):
+        return flash_attention_forward(*t[:3], causal=True, kernel=kernel)
+    out, lse = forward((q, k, v))
+    # the same call on other tensors: other values (q, k, v, dout flipped along d), other
+    # addresses
+    other = [x.flip(-1).contiguous() for x in (q, k, v, dout)]
+    other += forward(other)
+    mine = (q, k, v, dout, out, lse)
     for deterministic in (False, True):
-        def backward():
-            return flash_attention_backward(dout, q, k, v, out, lse, causal=True,
-                                            kernel=kernel, deterministic=deterministic)
+        def backward(t):
+            return flash_attention_backward(t[3], *t[:3], *t[4:], causal=True, kernel=kernel,
+                                            deterministic=deterministic)
+
+        def same(a, b, call, i):
+            if call is backward and i == 0 and not deterministic:
+                # dq added by atomics: its last bits vary from call to call
+                return torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3)
+            return torch.equal(a, b)
         for call in (forward, backward):
             replay.clear()
             checked.clear()
             with arrays.AllocationMeter() as full_bytes:
-                first = call()                  # its key's first call: noted, no plan
+                first = call(mine)              # its key's first call: noted, no plan
             assert checked and not replay._plans
-            call()                              # its second: recorded, the plan made
+            call(mine)                          # its second: recorded, the plan made
             assert len(replay._plans) == 1
             checked.clear()
             with arrays.AllocationMeter() as again_bytes:
-                again = call()
+                again = call(mine)
             torch.cuda.synchronize()
             assert not checked                  # a replay imports no array and checks nothing
             assert again_bytes.bytes == full_bytes.bytes
             for i, (a, b) in enumerate(zip(first, again)):
                 assert a.data_ptr() != b.data_ptr()      # new results of the same kind
                 assert (a.shape, a.dtype, a.device) == (b.shape, b.dtype, b.device)
-                if call is backward and i == 0 and not deterministic:
-                    # dq added by atomics: its last bits vary from call to call
-                    assert torch.allclose(a.float(), b.float(), rtol=1e-2, atol=1e-3)
-                else:
-                    assert torch.equal(a, b), (call.__name__, i)
+                assert same(a, b, call, i), (call.__name__, i)
+            # on the other tensors: replayed too, and what the full call on them gives
+            replayed = replay.counts["replayed"]
+            on_other = call(other)
+            assert replay.counts["replayed"] == replayed + 1 and not checked
+            replay.clear()
+            in_full = call(other)
+            assert checked
+            for i, (a, b) in enumerate(zip(in_full, on_other)):
+                assert same(a, b, call, i), (call.__name__, i, "other tensors")
+            for _ in range(2):
+                call(mine)                      # (the plan again)
             # another option is another call: in full, and (at its second) a plan of its own
             checked.clear()
             for _ in range(2):
@@ -207,23 +266,29 @@ def test_gpu_a_plan_serves_only_the_call_it_was_made_of(monkeypatch, hold_stream
             assert not side.query() and not timed_out()
     side.synchronize()
     assert len(replay._plans) == 2 and torch.equal(out2, out) and torch.equal(out3, out)
-    # an input at another address: in full
+    # an input at another address: replayed (its tensor maps made anew), the same answer
     q2 = q.clone()
-    for _ in range(2):
-        flash_attention_forward(q2, k, v, causal=True)
-    assert len(replay._plans) == 3
-    held = weakref.ref(q2)                          # and its plan does not keep it alive
+    replayed = replay.counts["replayed"]
+    out5, _ = flash_attention_forward(q2, k, v, causal=True)
+    assert replay.counts["replayed"] == replayed + 1 and torch.equal(out5, out)
+    held = weakref.ref(q2)                          # and the plan does not keep it alive
     del q2
     assert held() is None
+    # inputs that share memory another way (v is k): a plan of its own
+    for _ in range(2):
+        out6, _ = flash_attention_forward(q, k, k, causal=True)
+    assert len(replay._plans) == 3 and replay.counts["replayed"] == replayed + 1
+    assert torch.equal(flash_attention_forward(q, k, k, causal=True)[0], out6)
     # a plan that does not serve (outputs not aligned as its call's were; the pair replaced
     # in the registry by hand) runs the call in full, with the same result
     monkeypatch.setattr(replay, "ALIGN", 1 << 40)
+    monkeypatch.setattr(replay, "key", lambda xs, options: plan_key)   # (keyed by ALIGN too)
     runs = []
     real_run = plan.run
-    monkeypatch.setattr(replay, "run", lambda key: runs.append(key) or real_run())
+    monkeypatch.setattr(replay, "run", lambda key, xs: runs.append(key) or real_run(xs))
     out4, lse4 = flash_attention_forward(q, k, v, causal=True)
     assert runs == [plan_key] and torch.equal(out4, out) and torch.equal(lse4, lse)
     monkeypatch.setattr(replay, "ALIGN", 256)
     pair = registry.PAIRS[plan.pair.name]
     monkeypatch.setitem(registry.PAIRS, pair.name, registry.variant(pair.name, pair.name))
-    assert plan.run() is None
+    assert plan.run((q, k, v)) is None

@@ -1,8 +1,8 @@
 """Host µs of one API forward of the 16-bit Hopper pair on the TMA path (wgmma16, bfloat16, d = 64,
-causal), replayed from its plan (numba_flash.replay) and in full, its backward both ways, and of
-each piece of the full forward, each timed alone in a loop without synchronization: the calls'
-memo, the registry's factory, the stream lookup, the two allocations, the three array imports,
-the TMA checks and the tensor maps' cache, the results' return, the Launcher's specialization
+causal), replayed from its plan (numba_flash.replay; also on two sets of tensors in turn) and in
+full, its backward both ways, and of each piece of the full forward, each timed alone in a loop
+without synchronization: the calls' memo, the registry's factory, the stream lookup, the two
+allocations, the three array imports, the TMA checks and the tensor maps' cache, the results' return, the Launcher's specialization
 lookup and argument packing, the launch itself, the API forward with its launches left out (its
 host work but the launch's), and the driver and Numba calls a launch made before 2026-12-06
 (get_context, _to_core_stream, dimensions, LaunchConfig); beside them torch's flash SDPA on the
@@ -81,7 +81,14 @@ def main(argv=None):
                                                 None, type(None), None, str, "wgmma16")))
         return forward()
 
+    sets = [(q, k, v), tuple(x.clone() for x in (q, k, v))]
+
+    def forward_in_turn():      # replayed on two sets of tensors in turn, as a training
+        sets.reverse()          # loop's come (its maps from tma.tensor_maps' cache)
+        return flash_attention_forward(*sets[0], causal=True, kernel="wgmma16")
+
     rows = {"API forward": us(forward), "API forward + synchronize": us(synchronized(forward)),
+            "API forward, two sets of tensors in turn": us(forward_in_turn),
             "API forward in full, key's first call": us(full_forward),
             "API forward in full, making its plan": us(recorded_forward),
             "replay.clear alone": us(replay.clear)}

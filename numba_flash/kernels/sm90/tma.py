@@ -111,6 +111,18 @@ def _stream_key(stream):
     return id(stream) if handle is None else int(handle or 0)
 
 
+class MapsMemory:
+    """The owner of a tensor_maps view: `array`, the Numba device array holding the maps;
+    the `stream` they were copied on; and `arrays`, what they map: (data pointer, shape,
+    dtype, strides) of each array, in order (numba_flash.replay remakes them for arrays at
+    other addresses)."""
+
+    __slots__ = ("array", "stream", "arrays")
+
+    def __init__(self, array, stream, arrays):
+        self.array, self.stream, self.arrays = array, stream, arrays
+
+
 def tensor_maps(arrays, stream=0):
     """A device array (len(arrays), MAP_BYTES) uint8 (a launch.DeviceView on the GPU): row i
     the tensor map of arrays[i], a (B*H, N, d) 16-bit array passing tma_ready, boxes BOX x BOX
@@ -137,7 +149,10 @@ def tensor_maps(arrays, stream=0):
         # a DeviceView, which launch.Launcher packs itself: a Numba device array among a
         # launch's arguments sends the whole launch through Numba's own (a few hundred us of
         # host a call: tools/call_time.py, 2026-12-06)
-        maps = DeviceView(maps.device_ctypes_pointer.value, maps.shape, np.uint8, owner=maps)
+        mapped = tuple((data_pointer(a), tuple(a.shape), np.dtype(a.dtype), tuple(a.strides))
+                       for a in arrays)
+        maps = DeviceView(maps.device_ctypes_pointer.value, maps.shape, np.uint8,
+                          owner=MapsMemory(maps, stream, mapped))
     with _maps_lock:
         _maps[key] = maps
         while len(_maps) > _MAPS_CACHED:
