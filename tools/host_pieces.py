@@ -6,8 +6,8 @@ allocations, the three array imports, the TMA checks and the tensor maps' cache,
 return, the Launcher's specialization lookup and argument packing, the launch itself, the API
 forward with its launches left out (its host work but the launch's), and the driver and Numba calls
 a launch made before 2026-12-06 (get_context, _to_core_stream, dimensions, LaunchConfig); beside
-them torch's flash SDPA on the same inputs, and both with a synchronization a call (what numba-
-flash bench pays). --profile adds cProfile's top functions of 2000 API forwards.
+them torch's flash SDPA on the same inputs, and both with a synchronization a call (what
+numba-flash bench pays). --profile adds cProfile's top functions of 2000 API forwards.
 
 The default size is tiny (B = 1, H = 2, N = 128) so that the rows that launch a kernel are
 bound by the host: at the benchmark's grid (--b 16 --h 32 --n 1024, a forward kernel of
