@@ -41,8 +41,8 @@ from .arrays import AllocationMeter, _torch_module
 from .kernels.launch import SIMULATOR, VIEW_PTR, DeviceView, Launch, current_context
 from .kernels.sm90.tma import MapsMemory, tensor_maps
 
-# a process that meets many inputs (training without a caching allocator's reuse) makes a
-# plan a call: the dict is cleared at this size
+# a process that meets many shapes or options makes a plan of each: the dict is cleared at
+# this size
 PLAN_ENTRIES = 256
 _plans = {}
 
