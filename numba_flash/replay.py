@@ -160,14 +160,15 @@ class Plan:
             if p % ALIGN:
                 return None
             pointers.append(p)
+        made = []   # the maps, held until their launch is queued (the cache may evict them)
         for kernel, config, stream, packed, slots, maps in self.launches:
             packed = list(packed)
             for at, a, offset in slots:
                 packed[at] = pointers[a] + offset
             for at, mapped, maps_stream in maps:
-                packed[at] = tensor_maps([DeviceView(pointers[a] + offset, shape, dtype)
-                                          for a, offset, shape, dtype in mapped],
-                                         maps_stream).ptr
+                made.append(tensor_maps([DeviceView(pointers[a] + offset, shape, dtype)
+                                         for a, offset, shape, dtype in mapped], maps_stream))
+                packed[at] = made[-1].ptr
             launch(stream, config, kernel, *packed)
         for meter in AllocationMeter.active:
             meter.bytes += self.nbytes
