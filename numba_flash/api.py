@@ -152,9 +152,7 @@ def _validate(q, k, v, scale):
         raise ValueError("q, k, v are on different devices: "
                          + ", ".join(f"{n} on {dv}" for n, dv in devices.items()))
     for name, x in named:
-        if arrays.kind_of(x) != "numpy" and not arrays.is_c_contiguous(x):
-            raise ValueError(f"{name} is a non-contiguous device array; pass a contiguous copy "
-                             f"(e.g. .contiguous() in torch, cupy.ascontiguousarray)")
+        arrays.check_stored(name, x)
     # the scale multiplies the kernels' float32 products for half inputs
     scale = _scale(d, scale, np.dtype(np.float32) if half_format(dtypes["q"]) else dtypes["q"])
     return Shapes(qs[:-2], ks[:-2], qs[-2], ks[-2], d, dtypes["q"], scale)
@@ -203,14 +201,15 @@ _memo = {}
 
 def _array_key(x):
     """What the checks read of x, hashable: class, dtype and shape of a NumPy array; of a
-    torch tensor also whether it is on a CUDA device, which one, and whether it is
-    C-contiguous; of a CuPy array its device and C-contiguity; None for other kinds."""
+    torch tensor also whether it is on a CUDA device, which one, whether it is C-contiguous
+    and whether its negative bit is set; of a CuPy array its device and C-contiguity; None
+    for other kinds."""
     t = type(x)
     if t is np.ndarray:
         return t, x.dtype, x.shape
     kind = arrays.kind_of(x)
     if kind == "torch":
-        return t, x.dtype, x.shape, x.is_cuda, x.get_device(), x.is_contiguous()
+        return t, x.dtype, x.shape, x.is_cuda, x.get_device(), x.is_contiguous(), x.is_neg()
     if kind == "cupy":
         return t, x.dtype, x.shape, x.device.id, x.flags.c_contiguous
     return None
@@ -360,8 +359,7 @@ def _check_like(name, x, shape, p, device, dtype=None):
                          f"got {arrays.shape_of(x)}")
     if arrays.device_of(x) != device:
         raise ValueError(f"{name} is on {arrays.device_of(x)}, q on {device}")
-    if arrays.kind_of(x) != "numpy" and not arrays.is_c_contiguous(x):
-        raise ValueError(f"{name} is a non-contiguous device array; pass a contiguous copy")
+    arrays.check_stored(name, x)
 
 
 def _backward_setup(dout, q, k, v, out, lse, scale, deterministic, block_m, block_n, kernel):

@@ -98,6 +98,21 @@ def is_c_contiguous(x):
     return x.is_c_contiguous()
 
 
+def check_stored(name, x):
+    """ValueError unless the kernels can read device array x as stored: C-contiguous, and of a
+    torch tensor no negative bit (torch._neg_view's lazy negation: its memory holds -x, which
+    the kernels would read as x). NumPy arrays are copied to the device, so any layout does."""
+    kind = kind_of(x)
+    if kind == "numpy":
+        return
+    if not is_c_contiguous(x):
+        raise ValueError(f"{name} is a non-contiguous device array; pass a contiguous copy "
+                         f"(e.g. .contiguous() in torch, cupy.ascontiguousarray)")
+    if kind == "torch" and x.is_neg():
+        raise ValueError(f"{name} has torch's negative bit set (a lazy negation); pass "
+                         f"{name}.resolve_neg()")
+
+
 def launch_stream(like):
     """(pointer, stream): the CUDA stream the kernels for input `like` run on, as its raw
     pointer (0: the legacy default stream) and as what a Numba launch takes

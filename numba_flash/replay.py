@@ -84,7 +84,7 @@ def key(xs, options):
     if SIMULATOR or tensor is None:
         return None
     for x in xs:
-        if type(x) is not tensor:
+        if type(x) is not tensor or x.is_neg():     # (a lazy negation: the full call refuses it)
             return None
     for o in options:
         if type(o) not in _OPTION_TYPES:

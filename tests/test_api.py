@@ -352,7 +352,8 @@ def test_torch_tensors_are_keyed_by_all_the_checks_read():
     others = [torch.zeros(2, 3, 8, 4, dtype=torch.bfloat16),
               torch.zeros(2, 3, 4, 8).transpose(2, 3),        # the same shape, not contiguous
               torch.zeros(2, 3, 8, 5),
-              torch.nn.Parameter(torch.zeros(2, 3, 8, 4))]
+              torch.nn.Parameter(torch.zeros(2, 3, 8, 4)),
+              torch._neg_view(torch.zeros(2, 3, 8, 4))]       # a lazy negation
     assert len({api._array_key(t) for t in others} | {same}) == len(others) + 1
     # a CPU tensor's key says so (the checks refuse it: torch tensors run on CUDA devices)
     assert api._array_key(x)[3:5] == (False, -1)
@@ -382,3 +383,22 @@ def test_gpu_device_arrays_are_checked_once_a_key(monkeypatch, kind):
         with pytest.raises(ValueError, match="non-contiguous"):
             flash_attention_forward(q, k, wide[..., :64], causal=True)
     assert len(checked) == 3
+    if kind == "torch":
+        # a lazy negation (its memory holds -v) after a call that replays from a plan: refused
+        # every time, plan or memo or not (read as stored it would give v's answer)
+        flash_attention_forward(q, k, v, causal=True)
+        for _ in range(2):
+            with pytest.raises(ValueError, match="negative bit"):
+                flash_attention_forward(q, k, lib._neg_view(v), causal=True)
+
+
+def test_device_arrays_must_be_readable_as_stored():
+    torch = pytest.importorskip("torch")
+    from numba_flash import arrays
+    x = torch.zeros(2, 3, 8, 4)
+    arrays.check_stored("q", x)
+    arrays.check_stored("q", np.zeros((4, 8)).T)        # NumPy: copied to the device anyway
+    with pytest.raises(ValueError, match="non-contiguous"):
+        arrays.check_stored("q", x.transpose(2, 3))
+    with pytest.raises(ValueError, match=r"negative bit.*q\.resolve_neg\(\)"):
+        arrays.check_stored("q", torch._neg_view(x))
