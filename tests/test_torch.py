@@ -57,6 +57,15 @@ def test_matches_sdpa_with_gqa_and_strided_views():
         assert got.shape == want.shape and (got.double() - want).abs().max().item() < tol
 
 
+def test_a_lazy_negation_is_read_as_its_values():
+    # torch._neg_view(x) holds x's memory and means -x: taken as -x (resolved), not as x
+    torch.manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 5, 4, device=DEVICE) for _ in range(3))
+    got = flash_attention(q, torch._neg_view(k), torch._neg_view(v), causal=True)
+    want = flash_attention(q, -k, -v, causal=True)
+    assert torch.equal(got, want) and not torch.equal(got, flash_attention(q, k, -v, causal=True))
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_half_tensors_in_half_out_within_the_half_tolerance(dtype):
     # bf16 / fp16 tensors (GQA, causal with Nq != Nk): out and the gradients in that dtype,
