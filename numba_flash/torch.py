@@ -14,9 +14,9 @@ see one op each way.
 - CUDA tensors run on torch's current stream, outputs from torch's caching allocator
   (numba_flash.arrays). CPU tensors run the same kernels on Numba's CUDA simulator, where
   there is no GPU (tiny sizes: for tests and CI); with a GPU they are a ValueError.
-- Inputs with other strides (the views a model makes of a fused QKV projection), and lazy
-  negations (torch's negative bit), are copied to contiguous ones first: one extra read and
-  write of that tensor (B·H·N·d elements) per call, in each direction that takes it.
+- Inputs with other strides (the views a model makes of a fused QKV projection) are copied
+  to contiguous ones first: one extra read and write of that tensor (B·H·N·d elements) per
+  call, in each direction that takes it.
 - float16, bfloat16, float32 and float64 (half inputs as the plain API runs them: on an H200
   the 16-bit Hopper pairs, else widened to float32 on the device; results in the inputs'
   dtype); lse, the second output of the forward op (float32 for half inputs), is not
@@ -36,7 +36,7 @@ from .api import flash_attention_backward, flash_attention_forward
 def _run(fn, tensors, **kw):
     """fn (the API) on contiguous tensors: CUDA tensors as they are, CPU tensors through NumPy
     on the simulator; results as tensors on the inputs' device."""
-    tensors = [t.detach().resolve_neg().contiguous() for t in tensors]
+    tensors = [t.detach().contiguous() for t in tensors]
     if tensors[0].is_cuda:
         return fn(*tensors, **kw)
     if not SIMULATOR:
