@@ -113,3 +113,32 @@ def test_ncu_source_sums_samples_by_reason_op_and_phase(tmp_path):
     assert "LDS 0.75 of 8, STS 0.00 of 8" in lines[-1]
     with pytest.raises(ValueError, match="not an ncu source page"):
         ncu_source.summarize(["Address", "Source"], [])
+
+
+def test_gpu_run_runs_the_stages_that_fit_and_sums_each_up(tmp_path):
+    gpu_run = _tool("gpu_run")
+    assert gpu_run.commands("tests", "o", ["tests/test_api.py"])[0][-1] == "tests/test_api.py"
+    assert ["--json", os.path.join("o", "bench-bf16.json")] == gpu_run.commands(
+        "bench-bf16", "o")[0][-2:]
+    assert len(gpu_run.commands("recall", "o")) == 2
+    with pytest.raises(ValueError, match="unknown stage"):
+        gpu_run.commands("bench", "o")
+    now, ran = [0.0], []
+
+    def run(argv, log, seconds):            # each command "takes" 100 s and logs two lines
+        ran.append((argv[-1], seconds))
+        now[0] += 100
+        log.write("12 passed in 1s\r 3 passed, 1 failed in 2.00s\nERROR SUMMARY: 0 errors\n")
+        return 1 if "sanitize" in argv[-1] else 0
+    rows = gpu_run.run_stages(["tests", "memcheck", "bench-f32", "host"], str(tmp_path),
+                              budget=400, run=run, clock=lambda: now[0])
+    # tests (300 s allowed) at 0, memcheck (240) at 100; bench-f32 (220) at 200 could end past
+    # 400: skipped; host (60) at 200 runs
+    assert [r[0] for r in rows] == ["tests", "memcheck", "bench-f32", "host"]
+    assert [r[1] for r in rows] == [0, 1, "skipped", 0]
+    assert rows[0][3] == "3 passed, 1 failed in 2.00s"
+    assert rows[1][3] == "ERROR SUMMARY: 0 errors"
+    assert rows[2][3] == "220 s allowed, 200 s left" and rows[3][2] == 100
+    assert ran[0][1] == 300 and [r[0] for r in ran] == ["no:cacheprovider", "tools/sanitize.py",
+                                                      "tools/host_pieces.py"]
+    assert (tmp_path / "memcheck.txt").read_text().startswith("12 passed")
