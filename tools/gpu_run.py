@@ -20,6 +20,8 @@ Stages (default: tests memcheck bench-bf16 bench-f32):
     host        tools/host_pieces.py (host µs of a call, replayed and in full)
     recall      examples/recall.py, 150 steps: bf16 with SDPA beside, float32
 
+Each stage's time allowed is in STAGES; the default stages take more than one command's 600 s
+(the gpu tests alone can): split them over two commands, or narrow the tests with --tests.
 --out defaults to $OUT (what the device tool brings back), else ./gpu-run. Run from the
 repository's root with numba_flash importable (on the H200 machine: PYTHONPATH, after the numpy
 wheel: ../shared/gpu/README.md).
