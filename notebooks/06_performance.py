@@ -99,8 +99,9 @@
 # **Claim 6 (bfloat16 with call plans, on an H100)** (2026-12-06, the same command as claim
 # 5, two runs: 17:28 `bench-plans-bf16-h100-2026-12-06.json`, with plans for the forward,
 # and 17:44 `bench-plans2-bf16-h100-2026-12-06.json`, for the backward too; the kernels are
-# claim 5's). A call on torch tensors that matches an earlier call in everything its host
-# work reads replays that call's launches (`numba_flash.replay`): a forward's host time fell
+# claim 5's). A call on torch tensors like two earlier ones in everything its host work reads
+# replays the second's launches (`numba_flash.replay`; since 20:08 on its own tensors, the
+# plans keyed by layout, not addresses: notebook 8, claim 3): a forward's host time fell
 # from 121–187 µs to 24–43 µs, torch's flash SDPA's being 17–24 (`tools/host_pieces.py`,
 # `host-pieces-plans*-h100-2026-12-06.txt`). The forward now leads FlashAttention-2 at every
 # point, 1.25–1.58× (causal 1k 1.25–1.37×, 0.91–0.98× in claim 5), and forward+backward

@@ -181,4 +181,4 @@ ax.set(ylabel="numba-flash calls in 150 steps", title="training calls replayed")
 ax.legend(fontsize=8, loc="center left", bbox_to_anchor=(1.01, 0.5))
 show(fig, "plans")
 assert list(replayed) == [172, 113, 596, 596] and list(made) == [56, 50, 2, 2]
-print("claim holds")   # (claim 3)
+print("claim holds")

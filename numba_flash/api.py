@@ -285,7 +285,7 @@ def flash_attention_forward(q, k, v, *, causal=False, scale=None, block_m=None, 
     as np.asarray takes them (lists of Python floats are float64).
     scale defaults to 1/sqrt(d); it must be finite and positive in the kernels' dtype (the
     inputs', float32 for half inputs).
-    kernel: "auto" (the fastest registered pair that can run this case here: on an H200 with
+    kernel: "auto" (the fastest registered pair that can run this case here: on sm_90 with
     d <= 128 the Hopper pairs, "wgmma" in float32 and "wgmma16" for float16 / bfloat16; on
     other sm_80+ GPUs "mma16" for float16 / bfloat16 where its shared memory fits; else
     "fa2")
@@ -389,8 +389,9 @@ def flash_attention_backward(dout, q, k, v, out, lse, *, causal=False, scale=Non
     """FlashAttention backward on the GPU, from the forward's out and lse (no P saved).
 
     dout and out (..., Nq, d) like q; lse (..., Nq) as flash_attention_forward returns it
-    (float32 for half inputs, which are widened to float32 here as in the forward, and dq,
-    dk, dv rounded back once: 4 bytes an element of dout, q, k, v, out, dq, dk, dv extra);
+    (float32 for half inputs, which the 16-bit Hopper pairs read as stored and others widen
+    to float32 here as in the forward, dq, dk, dv rounded back once: 4 bytes an element of
+    dout, q, k, v, out, dq, dk, dv extra);
     q, k, v, causal and scale as in flash_attention_forward (pass the same ones).
     Returns dq, dk, dv with q, k, v's shapes, as the same kind of array as q. Under GQA dk
     and dv sum over the query heads that share a key head. Rows that saw no key give zero

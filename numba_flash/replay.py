@@ -47,9 +47,9 @@ PLAN_ENTRIES = 256
 _plans = {}
 
 # keys met once: a call is recorded, and its plan made, only when its key comes back, so that
-# calls that never repeat (new tensors every time) pay for the key alone (a recorded call and
-# its plan cost ~25 us more than the call with plans off: 146 against 121 us, 2026-12-06
-# 17:42, tools/host_pieces.py)
+# calls that never repeat (a new shape, option or stream each time) pay for the key alone (a
+# recorded call and its plan cost ~25 us more than the call with plans off: 146 against 121
+# us, 2026-12-06 17:42, tools/host_pieces.py)
 MET_ENTRIES = 4096
 _met = set()
 
@@ -76,10 +76,11 @@ def _torch_tensor():
 def key(xs, options):
     """The plan key of a call on arrays xs (the API's order) with `options` (the API's tuple
     of values and their types), or None where no plan can serve: not all plain torch CUDA
-    tensors, an option that is not a plain scalar, the simulator. Of each tensor: its data
-    pointer modulo ALIGN, every earlier tensor whose memory it overlaps with the offset
-    between them (so that memory found in one at the remembered call is found there at a
-    replay), shape, dtype, device, contiguity and requires_grad."""
+    tensors, a lazy negation (torch's negative bit) or a tensor without storage among them,
+    an option that is not a plain scalar, the simulator. Of each tensor: its data pointer
+    modulo ALIGN, every earlier tensor whose memory it overlaps with the offset between them
+    (so that memory found in one at the remembered call is found there at a replay), shape,
+    dtype, device, contiguity and requires_grad (_layout)."""
     tensor = _torch_tensor()
     if SIMULATOR or tensor is None:
         return None

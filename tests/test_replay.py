@@ -247,7 +247,7 @@ def test_gpu_a_repeated_call_replays_what_it_did(monkeypatch, kernel, dtype):
 
 
 @pytest.mark.gpu
-def test_gpu_a_plan_serves_only_the_call_it_was_made_of(monkeypatch, hold_stream):
+def test_gpu_a_plan_serves_only_calls_like_the_one_it_was_made_of(monkeypatch, hold_stream):
     torch = pytest.importorskip("torch")
     from numba_flash import flash_attention_forward
     q, k, v = _inputs(torch, "bfloat16")

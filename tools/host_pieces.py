@@ -18,8 +18,9 @@ timed such rows: 118.6 µs for the launch alone, 182 for the API forward).
     python tools/host_pieces.py [--b 1 --h 2 --n 128 --d 64] [--profile]
 
 Run on an H100, 2026-12-06: at the benchmark's grid before plans
-(notebooks/data/host-time-maps-h100-2026-12-06.txt), at the tiny size with plans at 17:26 and
-17:42 (notebooks/data/host-pieces-plans{,2}-h100-2026-12-06.txt).
+(notebooks/data/host-time-maps-h100-2026-12-06.txt), at the tiny size with plans at 17:26,
+17:42 and 19:20 (notebooks/data/host-pieces-plans{,2,3}-h100-2026-12-06.txt), and keyed by
+layout, with the row of two sets of tensors, at 20:08 (host-pieces-layout-h100-2026-12-06.txt).
 """
 
 import numpy as np

@@ -128,11 +128,13 @@ def tensor_maps(arrays, stream=0):
     the tensor map of arrays[i], a (B*H, N, d) 16-bit array passing tma_ready, boxes BOX x BOX
     with the 128-byte swizzle.
     The last _MAPS_CACHED sets are kept, keyed by pointers, shapes and strides (a map is a
-    function of them) and the stream, so repeated calls on the same arrays copy nothing. A
-    new set is encoded on the host and copied on `stream`, ahead of the kernels that stream
-    runs next (a copy from pageable memory may still be landing when to_device returns: a
-    kernel on another stream gets a copy of its own, not this one). On the simulator the rows
-    are zeros (its tma_load reads the array it is given)."""
+    function of them) and the stream, so repeated calls on the same arrays copy nothing; a
+    caller holds the view until its launch is queued (the cache may evict it). The view's owner
+    is a MapsMemory, which records what the maps map (numba_flash.replay remakes them for a
+    replay's own tensors). A new set is encoded on the host and copied on `stream`, ahead of
+    the kernels that stream runs next (a copy from pageable memory may still be landing when
+    to_device returns: a kernel on another stream gets a copy of its own, not this one). On the
+    simulator the rows are zeros (its tma_load reads the array it is given)."""
     key = (_stream_key(stream),) + tuple((data_pointer(a), tuple(a.shape), tuple(a.strides))
                                           for a in arrays)
     with _maps_lock:
