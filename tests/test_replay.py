@@ -8,6 +8,8 @@ import weakref
 
 import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from numba_flash import registry, replay
 from numba_flash.kernels.launch import VIEW_PTR, DeviceView, Launch, _pack_view
@@ -297,3 +299,85 @@ def test_gpu_a_plan_serves_only_calls_like_the_one_it_was_made_of(monkeypatch, h
     pair = registry.PAIRS[plan.pair.name]
     monkeypatch.setitem(registry.PAIRS, pair.name, registry.variant(pair.name, pair.name))
     assert plan.run((q, k, v)) is None
+
+
+@given(data=st.data())
+def test_a_replay_points_each_launch_at_the_same_place_in_its_own_tensors(data):
+    # a call recorded on tensors of some layout (some of them views of one buffer), then
+    # replayed on other tensors of the same layout: every pointer of every launch must land
+    # at the same offset in the replay's own tensors and allocations as in the recorded ones,
+    # every other packed value be as recorded (the launches faked: no GPU here)
+    torch = pytest.importorskip("torch")
+    import cuda.core
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(replay, "ALIGN", 64)          # (the host allocator's alignment)
+        launched = []
+        patch.setattr(cuda.core, "launch",          # (stream, config, kernel, *packed)
+                      lambda *a: launched.append(a[3:]))
+        _replayed_on_other_tensors(data, torch, launched)
+
+
+def _replayed_on_other_tensors(data, torch, launched):
+    # the layout: an input is a buffer of its own or a view into an earlier input's memory,
+    # (its root buffer, start, length) in 64-byte units (16 floats: pointers stay 64-aligned)
+    layout = []
+    for i in range(data.draw(st.integers(1, 6), label="inputs")):
+        if i and data.draw(st.booleans(), label=f"input {i} a view"):
+            j = data.draw(st.integers(0, i - 1))
+            root, at, units = layout[j]
+            start = data.draw(st.integers(0, units - 1))
+            layout.append((root, at + start,
+                           data.draw(st.integers(1, units - start), label=f"input {i} units")))
+        else:
+            layout.append((i, 0, data.draw(st.integers(1, 8), label=f"input {i} units")))
+    alloc_units = data.draw(st.lists(st.integers(1, 8), min_size=1, max_size=3), label="allocs")
+
+    def tensors():
+        buffers, xs = {}, []
+        for i, (root, start, units) in enumerate(layout):
+            if root == i:
+                buffers[i] = torch.zeros(16 * units)
+            xs.append(buffers[root][16 * start:16 * (start + units)])
+        return xs
+
+    def view(x, start, n, pool=False):
+        v = DeviceView(x.data_ptr() + 4 * start, (n,), np.float32, owner=x)
+        v.pool_owner = x if pool else None
+        return v
+    inputs, allocs = tensors(), [torch.zeros(16 * u) for u in alloc_units]
+    events = [view(a, 0, a.numel(), pool=True) for a in allocs]
+    where = []          # per launch, per argument: (source kind, index, element offset) or None
+    for _ in range(data.draw(st.integers(1, 3), label="launches")):
+        args, sources = [], []
+        for _ in range(data.draw(st.integers(1, 4), label="arguments")):
+            kind = data.draw(st.sampled_from(["input", "allocation", "scalar"]))
+            if kind == "scalar":
+                args.append(data.draw(st.integers(0, 9)))
+                sources.append(None)
+                continue
+            pool = allocs if kind == "allocation" else inputs
+            i = data.draw(st.integers(0, len(pool) - 1))
+            start = data.draw(st.integers(0, pool[i].numel() - 1))
+            n = data.draw(st.integers(1, pool[i].numel() - start))
+            args.append(view(pool[i], start, n, pool=False))
+            sources.append((kind, i, start))
+        events.append(_fake_launch(args))
+        where.append(sources)
+    replay.clear()
+    replay.remember("key", registry.PAIRS["wgmma16"], events, inputs, tuple(allocs))
+    plan = replay._plans["key"]
+    others = tensors()
+    assert replay._layout(others) == replay._layout(inputs)
+    results = plan.run(others)
+    assert [r.shape for r in results] == [a.shape for a in allocs]
+    assert len(launched) == len(where)
+    for packed, launch, sources in zip(launched, events[len(allocs):], where):
+        for start, source, recorded in zip(launch.starts, sources, launch.args):
+            if source is None:
+                continue
+            kind, i, offset = source
+            base = (others if kind == "input" else results)[i].data_ptr()
+            assert packed[start + VIEW_PTR] == base + 4 * offset
+        pointers = {start + VIEW_PTR for start, s in zip(launch.starts, sources) if s}
+        assert all(p == q for at, (p, q) in enumerate(zip(packed, launch.packed))
+                   if at not in pointers)
