@@ -306,18 +306,24 @@ def test_a_replay_points_each_launch_at_the_same_place_in_its_own_tensors(data):
     # a call recorded on tensors of some layout (some of them views of one buffer), then
     # replayed on other tensors of the same layout: every pointer of every launch must land
     # at the same offset in the replay's own tensors and allocations as in the recorded ones,
-    # every other packed value be as recorded (the launches faked: no GPU here)
+    # tensor maps be made anew of the same places, on their stream, every other packed value
+    # be as recorded (the launches and the maps faked: no GPU here)
     torch = pytest.importorskip("torch")
     import cuda.core
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(replay, "ALIGN", 64)          # (the host allocator's alignment)
-        launched = []
+        launched, made = [], []
         patch.setattr(cuda.core, "launch",          # (stream, config, kernel, *packed)
                       lambda *a: launched.append(a[3:]))
-        _replayed_on_other_tensors(data, torch, launched)
+
+        def tensor_maps(views, stream):
+            made.append(([(v.ptr, v.shape, v.dtype) for v in views], stream))
+            return DeviceView((1 << 50) + len(made), (len(views), 128), np.uint8)
+        patch.setattr(replay, "tensor_maps", tensor_maps)
+        _replayed_on_other_tensors(data, torch, launched, made)
 
 
-def _replayed_on_other_tensors(data, torch, launched):
+def _replayed_on_other_tensors(data, torch, launched, made):
     # the layout: an input is a buffer of its own or a view into an earlier input's memory,
     # (its root buffer, start, length) in 64-byte units (16 floats: pointers stay 64-aligned)
     layout = []
@@ -347,20 +353,30 @@ def _replayed_on_other_tensors(data, torch, launched):
     inputs, allocs = tensors(), [torch.zeros(16 * u) for u in alloc_units]
     events = [view(a, 0, a.numel(), pool=True) for a in allocs]
     where = []          # per launch, per argument: (source kind, index, element offset) or None
+    def place():
+        kind = data.draw(st.sampled_from(["input", "allocation"]))
+        pool = allocs if kind == "allocation" else inputs
+        i = data.draw(st.integers(0, len(pool) - 1))
+        start = data.draw(st.integers(0, pool[i].numel() - 1))
+        n = data.draw(st.integers(1, pool[i].numel() - start))
+        return view(pool[i], start, n), (kind, i, start, n)
     for _ in range(data.draw(st.integers(1, 3), label="launches")):
         args, sources = [], []
         for _ in range(data.draw(st.integers(1, 4), label="arguments")):
-            kind = data.draw(st.sampled_from(["input", "allocation", "scalar"]))
-            if kind == "scalar":
+            what = data.draw(st.sampled_from(["array", "maps", "scalar"]))
+            if what == "scalar":
                 args.append(data.draw(st.integers(0, 9)))
                 sources.append(None)
-                continue
-            pool = allocs if kind == "allocation" else inputs
-            i = data.draw(st.integers(0, len(pool) - 1))
-            start = data.draw(st.integers(0, pool[i].numel() - 1))
-            n = data.draw(st.integers(1, pool[i].numel() - start))
-            args.append(view(pool[i], start, n, pool=False))
-            sources.append((kind, i, start))
+            elif what == "array":
+                a, source = place()
+                args.append(a)
+                sources.append(source)
+            else:               # tensor maps of 1-3 arrays, memory of their own
+                mapped = [place() for _ in range(data.draw(st.integers(1, 3)))]
+                owner = tma.MapsMemory(None, "its stream", tuple(
+                    (a.ptr, a.shape, a.dtype, a.strides) for a, _ in mapped))
+                args.append(DeviceView(1 << 40, (len(mapped), 128), np.uint8, owner=owner))
+                sources.append(("maps", [source for _, source in mapped]))
         events.append(_fake_launch(args))
         where.append(sources)
     replay.clear()
@@ -371,13 +387,21 @@ def _replayed_on_other_tensors(data, torch, launched):
     results = plan.run(others)
     assert [r.shape for r in results] == [a.shape for a in allocs]
     assert len(launched) == len(where)
+    def now(kind, i, offset):           # where a place of the recorded call is at the replay
+        return (others if kind == "input" else results)[i].data_ptr() + 4 * offset
+    maps_made = iter(enumerate(made, 1))
     for packed, launch, sources in zip(launched, events[len(allocs):], where):
-        for start, source, recorded in zip(launch.starts, sources, launch.args):
+        for start, source in zip(launch.starts, sources):
             if source is None:
                 continue
-            kind, i, offset = source
-            base = (others if kind == "input" else results)[i].data_ptr()
-            assert packed[start + VIEW_PTR] == base + 4 * offset
+            if source[0] == "maps":
+                k, (views, stream) = next(maps_made)
+                assert stream == "its stream" and packed[start + VIEW_PTR] == (1 << 50) + k
+                assert views == [(now(kind, i, offset), (n,), np.float32)
+                                 for kind, i, offset, n in source[1]]
+            else:
+                assert packed[start + VIEW_PTR] == now(*source[:3])
         pointers = {start + VIEW_PTR for start, s in zip(launch.starts, sources) if s}
         assert all(p == q for at, (p, q) in enumerate(zip(packed, launch.packed))
                    if at not in pointers)
+    assert next(maps_made, None) is None            # one set of maps made a maps argument
