@@ -117,28 +117,79 @@ def test_ncu_source_sums_samples_by_reason_op_and_phase(tmp_path):
 
 def test_gpu_run_runs_the_stages_that_fit_and_sums_each_up(tmp_path):
     gpu_run = _tool("gpu_run")
+    from numba_flash.bench import table
     assert gpu_run.commands("tests", "o", ["tests/test_api.py"])[0][-1] == "tests/test_api.py"
     assert ["--json", os.path.join("o", "bench-bf16.json")] == gpu_run.commands(
         "bench-bf16", "o")[0][-2:]
     assert len(gpu_run.commands("recall", "o")) == 2
+    memcheck = gpu_run.commands("memcheck", "o")    # the 16-bit pairs and the replays too
+    assert ["bfloat16", "tests/test_replay.py"] == [c[-1] for c in memcheck[1:]]
     with pytest.raises(ValueError, match="unknown stage"):
         gpu_run.commands("bench", "o")
+    records = [dict(impl=impl, mode="fwd", d=64, causal=False, N=1024, tflops=t, peak_bytes=1e8)
+               for impl, t in (("numba-flash wgmma", 42.7), ("torch efficient", 34.3))]
+    outputs = {     # the last lines each program prints (a command "takes" 100 s)
+        "compute-sanitizer": "8 passed in 9.10s\n========= ERROR SUMMARY: 0 errors\n",
+        "pytest": "12 passed in 1s\r 3 passed, 1 failed in 2.00s\n",
+        "bench": table(records) + "\n\nall figures: o/bench-f32.json\n",
+        "host_pieces": "host us a call, wgmma16 bf16 B=1 H=2 N=128 d=64 causal, on H100\n"
+                       "  API forward                           50.8\n"
+                       "  API forward in full, plans off       200.5\n"}
     now, ran = [0.0], []
 
-    def run(argv, log, seconds):            # each command "takes" 100 s and logs two lines
+    def run(argv, log, seconds):
         ran.append((argv[-1], seconds))
         now[0] += 100
-        log.write("12 passed in 1s\r 3 passed, 1 failed in 2.00s\nERROR SUMMARY: 0 errors\n")
-        return 1 if "sanitize" in argv[-1] else 0
+        program = next(k for k in outputs if k in " ".join(argv[:4]))   # (not the paths)
+        log.write(outputs[program])
+        return 1 if "tools/sanitize.py" in argv else 0
     rows = gpu_run.run_stages(["tests", "memcheck", "bench-f32", "host"], str(tmp_path),
-                              budget=400, run=run, clock=lambda: now[0])
-    # tests (300 s allowed) at 0, memcheck (240) at 100; bench-f32 (220) at 200 could end past
-    # 400: skipped; host (60) at 200 runs
-    assert [r[0] for r in rows] == ["tests", "memcheck", "bench-f32", "host"]
-    assert [r[1] for r in rows] == [0, 1, "skipped", 0]
+                              budget=560, run=run, clock=lambda: now[0])
+    # tests (300 s allowed) at 0, memcheck (420; three commands) at 100; bench-f32 (220) at
+    # 400 could end past 560: skipped; host (60) at 400 runs
+    assert [r[:2] for r in rows] == [("tests", 0), ("memcheck", 1), ("bench-f32", "skipped"),
+                                     ("host", 0)]
     assert rows[0][3] == "3 passed, 1 failed in 2.00s"
-    assert rows[1][3] == "ERROR SUMMARY: 0 errors"
-    assert rows[2][3] == "220 s allowed, 200 s left" and rows[3][2] == 100
-    assert ran[0][1] == 300 and [r[0] for r in ran] == ["no:cacheprovider", "tools/sanitize.py",
-                                                      "tools/host_pieces.py"]
-    assert (tmp_path / "memcheck.txt").read_text().startswith("12 passed")
+    assert rows[1][2] == 300 and rows[1][3] == "========= ERROR SUMMARY: 0 errors"
+    assert rows[2][3] == "220 s allowed, 160 s left"
+    assert rows[3][3] == "API forward                           50.8"
+    assert ran[0][1] == 300 and ran[2][1] == 320       # (a stage's commands share its time)
+    assert (tmp_path / "memcheck.txt").read_text().count("ERROR SUMMARY") == 3
+    bench = gpu_run.run_stages(["bench-f32"], str(tmp_path), budget=600, run=run,
+                               clock=lambda: now[0])
+    assert bench[0][1:2] == (0,) and bench[0][3] == "all figures: o/bench-f32.json"
+    # gpu tests that all skip pass nothing: not a pass
+    outputs["pytest"] = "33 skipped, 400 deselected in 3.10s\n"
+    (row,) = gpu_run.run_stages(["tests"], str(tmp_path), 600, run=run, clock=lambda: now[0])
+    assert row[1] == "no pass" and row[3] == "33 skipped, 400 deselected in 3.10s"
+    # nothing run at all (no stage fits the budget) is not a pass either
+    assert gpu_run.main(["host", "--budget", "1", "--out", str(tmp_path)]) == 1
+
+
+def test_gpu_run_stops_a_stage_and_its_children_at_its_time(tmp_path):
+    # a sanitizer or pytest past its time is killed with its whole process group: a child
+    # left running would hold the GPU into the next stage
+    import sys
+    import time
+    gpu_run = _tool("gpu_run")
+    child = tmp_path / "child"
+    code = ("import subprocess, sys, time; "
+            "c = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+            f"open({str(child)!r}, 'w').write(str(c.pid)); time.sleep(60)")
+
+    def alive(pid):             # (a zombie, killed but not reaped, is not)
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except FileNotFoundError:
+            return False
+    began = time.monotonic()
+    with open(tmp_path / "log.txt", "w") as log:
+        assert gpu_run._run([sys.executable, "-c", code], log, 3) == 124
+    assert time.monotonic() - began < 30 and child.exists()
+    pid = int(child.read_text())
+    deadline = time.monotonic() + 10
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive(pid)
+    assert "[stopped after 3 s]" in (tmp_path / "log.txt").read_text()

@@ -160,7 +160,7 @@ def main(argv=None):
     print(f"host us a call, wgmma16 bf16 B={b} H={h} N={n} d={d} causal, on "
           f"{torch.cuda.get_device_name()}")
     for name, value in rows.items():
-        print(f"  {name:34s} {value:8.1f}")
+        print(f"  {name:42s} {value:8.1f}")
     if profile:
         pr = cProfile.Profile()
         pr.runcall(lambda: [forward() for _ in range(2000)])
