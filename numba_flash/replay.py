@@ -250,7 +250,9 @@ def remember(plan_key, pair, events, inputs, results):
                     return      # (an array the Launcher packed as a scalar: none today)
                 continue        # a scalar: kept as packed
             lo, hi = a.ptr, a.ptr + a.nbytes
-            at = _containing(spans, lo, hi)         # the latest: a freed block is reused
+            # (allocations, held by the recording, overlap nothing: only overlapping inputs
+            # can both hold an argument, and the key fixes their offsets to each other)
+            at = _containing(spans, lo, hi)
             if at is not None:
                 slots.append((start + VIEW_PTR, at, lo - spans[at][0]))
             elif type(a.owner) is MapsMemory:       # tensor maps: remade at each replay
