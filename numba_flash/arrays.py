@@ -201,7 +201,7 @@ def _torch_view(x, shape, as_dtype):
     errors included). torch's __cuda_array_interface__ (version 2) names no stream, so there
     is nothing to synchronize; building it (a dict, a type string parsed back by NumPy) took
     5.8 of an import's 17.3 us on the H200's host (tools/call_time.py, 2026-12-04)."""
-    torch = _torch_module()
+    torch = torch_module()
     if (torch is None or type(x) is not torch.Tensor or not x.is_cuda or x.requires_grad
             or x.layout is not torch.strided or not x.is_contiguous()):
         return None
@@ -218,7 +218,7 @@ def _torch_view(x, shape, as_dtype):
     return DeviceView(x.data_ptr() if x.numel() else 0, shape, dtype, owner=x)
 
 
-def _torch_module():
+def torch_module():
     """torch if it is imported already (an input can only be a torch tensor then), else None."""
     return sys.modules.get("torch")
 
@@ -228,7 +228,7 @@ _NUMPY_OF_TORCH = {}     # torch dtype -> NumPy dtype, of the dtypes _torch_view
 
 def _numpy_of_torch():
     if not _NUMPY_OF_TORCH:
-        torch = _torch_module()
+        torch = torch_module()
         _NUMPY_OF_TORCH.update({getattr(torch, n): np.dtype(n) for n in
                                 ("float16", "float32", "float64", "int16", "uint16")
                                 if hasattr(torch, n)})

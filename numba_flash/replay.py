@@ -28,16 +28,15 @@ its third replays. A plan is made (`remember`) only of a call on a GPU whose pai
 kernels replayable (registry.Pair.replay), every launch of which the Launcher packed
 (launch.recording), and whose launches' array arguments all lie in the call's tensors, in
 memory the call took from torch's pool (launch.note, from arrays.empty_device: allocated anew
-at each replay), in tensor maps of those (remade at each replay) or in other memory of their
-own that the plan holds; and whose results are such allocations. A plan holds no tensor of the
-call.
+at each replay) or in tensor maps of those (remade at each replay); and whose results are
+such allocations. A plan holds no tensor of the call.
 """
 
 import collections
 import math
 
 from . import registry
-from .arrays import AllocationMeter, _torch_module
+from .arrays import AllocationMeter, torch_module
 from .kernels.launch import SIMULATOR, VIEW_PTR, DeviceView, Launch, current_context
 from .kernels.sm90.tma import MapsMemory, tensor_maps
 
@@ -69,7 +68,7 @@ _OPTION_TYPES = frozenset((type(None), bool, int, float, str, type))
 
 def _torch_tensor():
     """torch.Tensor if torch is imported (an input can only be a tensor then), else None."""
-    torch = _torch_module()
+    torch = torch_module()
     return None if torch is None else torch.Tensor
 
 
@@ -134,14 +133,13 @@ class Plan:
     slots, maps) each: slots (position in packed, source, byte offset) where a pointer goes,
     source i < inputs the call's tensor i, else allocation i - inputs; maps (position,
     mapped, stream) where the tensor maps of `mapped` ((source, byte offset, shape, dtype)
-    each) go; results: (allocation, shape) of each array returned; held: memory of its own
-    the launches read."""
+    each) go; results: (allocation, shape) of each array returned."""
 
-    __slots__ = ("pair", "inputs", "allocations", "launches", "results", "held", "nbytes")
+    __slots__ = ("pair", "inputs", "allocations", "launches", "results", "nbytes")
 
-    def __init__(self, pair, inputs, allocations, launches, results, held):
+    def __init__(self, pair, inputs, allocations, launches, results):
         self.pair, self.inputs, self.allocations = pair, inputs, allocations
-        self.launches, self.results, self.held = launches, results, held
+        self.launches, self.results = launches, results
         self.nbytes = sum(math.prod(shape) * dtype.itemsize for shape, dtype, _ in allocations)
 
     def run(self, xs):
@@ -232,7 +230,7 @@ def remember(plan_key, pair, events, inputs, results):
     tensor = _torch_tensor()
     # the call's tensors, then its allocations as they come: a slot's source indexes this
     spans = [(x.data_ptr(), x.nbytes) for x in inputs]
-    owners, launches, held = [], [], []
+    owners, launches = [], []
     for e in events:
         if type(e) is DeviceView:                   # an allocation from the pool
             owner = e.pool_owner
@@ -260,10 +258,10 @@ def remember(plan_key, pair, events, inputs, results):
                 if mapped is None:
                     return
                 maps.append((start + VIEW_PTR, mapped, a.owner.stream))
-            elif a.pool_owner is None and type(a.owner) is not tensor:
-                held.append(a)  # memory of its own: kept with the plan
             else:
-                return          # memory the plan cannot account for
+                # memory the plan cannot account for (other memory of the call's own could
+                # hold what depends on its pointers, as tensor maps do)
+                return
         launches.append((e.kernel, e.config, e.stream, e.packed, tuple(slots), tuple(maps)))
     returned, n = [], len(inputs)
     for r in results:
@@ -277,8 +275,7 @@ def remember(plan_key, pair, events, inputs, results):
     if len(_plans) >= PLAN_ENTRIES:
         _plans.clear()
     allocations = tuple((tuple(o.shape), o.dtype, o.device) for o in owners)
-    _plans[plan_key] = Plan(pair, n, allocations, tuple(launches), tuple(returned),
-                            tuple(held))
+    _plans[plan_key] = Plan(pair, n, allocations, tuple(launches), tuple(returned))
     counts["made"] += 1
 
 
