@@ -123,6 +123,28 @@ def test_tensor_maps_are_cached_by_pointer_shape_strides_and_stream():
     assert on_stream is not first and tma.tensor_maps([a, b], stream) is on_stream
 
 
+@pytest.mark.gpu
+def test_tensor_maps_in_a_torch_process_come_from_its_pools_on_the_stream():
+    """Where torch runs CUDA, a new set of maps is torch memory copied on the call's stream
+    (no cuMemAlloc, no copy from pageable memory, no cuMemFree, which waits for the device),
+    holding each array's map as encoded, and cached as before."""
+    torch = pytest.importorskip("torch")
+    if SIMULATOR or not torch.cuda.is_available():
+        pytest.skip("needs a real CUDA GPU and torch with CUDA")
+    x, y = (torch.zeros((1, 64, 64 + 8 * i), dtype=torch.int16, device="cuda")
+            for i in range(2))
+    a, b = cuda.as_cuda_array(x), cuda.as_cuda_array(y)
+    side = torch.cuda.Stream()
+    stream = cuda.external_stream(side.cuda_stream)
+    maps = tma.tensor_maps([a, b], stream)
+    held = maps.owner.array
+    assert isinstance(held, torch.Tensor) and held.data_ptr() == maps.ptr
+    assert tma.tensor_maps([a, b], stream) is maps
+    side.synchronize()
+    words = held.cpu().numpy().view(np.uint64).reshape(2, -1)
+    assert (words == np.stack([tma._encode(a), tma._encode(b)])).all()
+
+
 def _forward(fmt, shape_q, shape_k, causal, seed=0, scale_logits=1.0):
     rng = np.random.default_rng(seed)
     dt = {"bfloat16": ml_dtypes.bfloat16, "float16": np.float16}[fmt]

@@ -41,6 +41,7 @@ the block is left to run, else after HANG_SECONDS.
 
 import collections
 import functools
+import sys
 import threading
 import time
 
@@ -77,9 +78,10 @@ def tma_ready(*arrays):
     return True
 
 
-_MAPS_CACHED = 64
+_MAPS_CACHED = 256
 _maps = collections.OrderedDict()
 _maps_lock = threading.Lock()
+_torch_streams = {}         # (CUstream handle, device) -> torch.cuda.ExternalStream
 
 
 def _encode(a):
@@ -112,7 +114,8 @@ def _stream_key(stream):
 
 
 class MapsMemory:
-    """The owner of a tensor_maps view: `array`, the Numba device array holding the maps;
+    """The owner of a tensor_maps view: `array`, the memory holding the maps (a torch tensor
+    from its pool or a Numba device array: _to_device);
     the `stream` they were copied on; and `arrays`, what they map: (data pointer, shape,
     dtype, strides) of each array, in order (numba_flash.replay remakes them for arrays at
     other addresses)."""
@@ -123,6 +126,33 @@ class MapsMemory:
         self.array, self.stream, self.arrays = array, stream, arrays
 
 
+def _to_device(words, stream):
+    """(device pointer, owner) of a copy of words (a uint8 array) made on `stream`.
+    Where torch runs CUDA in this process, through its caching allocators: the memory from
+    its device pool on that stream, the copy from a pinned block of its host pool,
+    asynchronous (torch keeps the block until the copy is done), freed back to the pool when
+    the owner goes. Numba's to_device instead allocates with cuMemAlloc, copies from pageable
+    memory, and frees with cuMemFree in batches, each of which waits for the device: in a
+    training loop whose tensors come at new addresses, that made the host wait for the GPU
+    every few steps. Else (CuPy, Numba, the simulator) Numba's to_device."""
+    torch = sys.modules.get("torch")
+    if SIMULATOR or torch is None or not torch.cuda.is_initialized():
+        array = cuda.to_device(words, stream=stream)
+        return (None if SIMULATOR else array.device_ctypes_pointer.value), array
+    handle, device = _stream_key(stream), cuda.get_current_device().id
+    on = _torch_streams.get((handle, device))
+    if on is None:
+        if len(_torch_streams) >= 64:           # a process that made many streams
+            _torch_streams.clear()
+        on = (torch.cuda.ExternalStream(handle, device=device) if handle else
+              torch.cuda.default_stream(device))    # (0: the legacy default stream)
+        _torch_streams[(handle, device)] = on
+    with torch.cuda.stream(on):
+        owner = torch.empty(words.shape, dtype=torch.uint8, device=on.device)
+        owner.copy_(torch.from_numpy(words).pin_memory(), non_blocking=True)
+    return owner.data_ptr(), owner
+
+
 def tensor_maps(arrays, stream=0):
     """A device array (len(arrays), MAP_BYTES) uint8 (a launch.DeviceView on the GPU): row i
     the tensor map of arrays[i], a (B*H, N, d) 16-bit array passing tma_ready, boxes BOX x BOX
@@ -131,10 +161,11 @@ def tensor_maps(arrays, stream=0):
     function of them) and the stream, so repeated calls on the same arrays copy nothing; a
     caller holds the view until its launch is queued (the cache may evict it). The view's owner
     is a MapsMemory, which records what the maps map (numba_flash.replay remakes them for a
-    replay's own tensors). A new set is encoded on the host and copied on `stream`, ahead of
-    the kernels that stream runs next (a copy from pageable memory may still be landing when
-    to_device returns: a kernel on another stream gets a copy of its own, not this one). On the
-    simulator the rows are zeros (its tma_load reads the array it is given)."""
+    replay's own tensors). A new set is encoded on the host and copied on `stream`
+    (_to_device: through torch's pools where torch runs CUDA), ahead of the kernels that
+    stream runs next (the copy may still be landing when this returns: a kernel on another
+    stream gets a copy of its own, not this one). On the simulator the rows are zeros (its
+    tma_load reads the array it is given)."""
     key = (_stream_key(stream),) + tuple((data_pointer(a), tuple(a.shape), tuple(a.strides))
                                           for a in arrays)
     with _maps_lock:
@@ -146,14 +177,14 @@ def tensor_maps(arrays, stream=0):
         words = np.zeros((len(arrays), MAP_BYTES // 8), np.uint64)
     else:
         words = np.stack([_encode(a) for a in arrays])
-    maps = cuda.to_device(words.view(np.uint8), stream=stream)
+    pointer, maps = _to_device(words.view(np.uint8), stream)
     if not SIMULATOR:
         # a DeviceView, which launch.Launcher packs itself: a Numba device array among a
         # launch's arguments sends the whole launch through Numba's own (a few hundred us of
         # host a call: tools/call_time.py, 2026-12-06)
         mapped = tuple((data_pointer(a), tuple(a.shape), np.dtype(a.dtype), tuple(a.strides))
                        for a in arrays)
-        maps = DeviceView(maps.device_ctypes_pointer.value, maps.shape, np.uint8,
+        maps = DeviceView(pointer, words.view(np.uint8).shape, np.uint8,
                           owner=MapsMemory(maps, stream, mapped))
     with _maps_lock:
         _maps[key] = maps
