@@ -144,12 +144,17 @@ def _to_device(words, stream):
     if on is None:
         if len(_torch_streams) >= 64:           # a process that made many streams
             _torch_streams.clear()
-        on = (torch.cuda.ExternalStream(handle, device=device) if handle else
-              torch.cuda.default_stream(device))    # (0: the legacy default stream)
-        _torch_streams[(handle, device)] = on
+        on = _torch_streams.setdefault((handle, device), (
+            torch.cuda.ExternalStream(handle, device=device) if handle else
+            torch.cuda.default_stream(device)))     # (0: the legacy default stream)
+    host = torch.from_numpy(words)
+    try:
+        host = host.pin_memory()
+    except RuntimeError:        # no pinned memory to be had: the copy from pageable memory
+        pass
     with torch.cuda.stream(on):
         owner = torch.empty(words.shape, dtype=torch.uint8, device=on.device)
-        owner.copy_(torch.from_numpy(words).pin_memory(), non_blocking=True)
+        owner.copy_(host, non_blocking=True)
     return owner.data_ptr(), owner
 
 
