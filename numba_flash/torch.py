@@ -1,9 +1,6 @@
 """numba-flash in torch: `flash_attention`, a differentiable attention function in SDPA's layout,
 built on two `torch.library` custom ops, so that autograd and `torch.compile(fullgraph=True)`
-see one op each way. Eager calls (not traced) run the same two bodies through a
-`torch.autograd.Function` instead: the ops' Python dispatch cost 165 µs of a forward+backward's
-~600 µs of wrapper host time on a slow CPU (the API stubbed, 2026-12-06); under
-`torch.compile` the ops are what is traced.
+see one op each way.
 
     from numba_flash.torch import flash_attention
     out = flash_attention(q, k, v, causal=True)        # q (B, H, Nq, d), k and v (B, Hk, Nk, d)
@@ -37,11 +34,9 @@ from .api import flash_attention_backward, flash_attention_forward
 
 
 def _run(fn, tensors, **kw):
-    """fn (the API) on contiguous tensors, a lazy negation (torch._neg_view) made its values
-    (the ops' dispatcher does so before their bodies run; _Eager's calls need it here): CUDA
-    tensors as they are, CPU tensors through NumPy on the simulator; results as tensors on the
-    inputs' device."""
-    tensors = [t.detach().resolve_neg().contiguous() for t in tensors]
+    """fn (the API) on contiguous tensors: CUDA tensors as they are, CPU tensors through NumPy
+    on the simulator; results as tensors on the inputs' device."""
+    tensors = [t.detach().contiguous() for t in tensors]
     if tensors[0].is_cuda:
         return fn(*tensors, **kw)
     if not SIMULATOR:
@@ -69,24 +64,13 @@ def _lse_dtype(q):
     return torch.float32 if q.dtype in (torch.float16, torch.bfloat16) else q.dtype
 
 
-def _forward(q, k, v, causal, scale, kernel):
-    """(out (B, H, Nq, d), lse (B, H, Nq)) of the registered forward `kernel`."""
-    return _run(flash_attention_forward, (q, k, v), causal=causal, scale=scale,
-                kernel=kernel)
-
-
-def _backward_grads(dout, q, k, v, out, lse, causal, scale, kernel, deterministic):
-    """(dq, dk, dv) of the registered backward of `kernel`, from the forward's out and lse."""
-    return _run(flash_attention_backward, (dout, q, k, v, out, lse), causal=causal,
-                scale=scale, kernel=kernel, deterministic=deterministic)
-
-
 @torch.library.custom_op("numba_flash::forward", mutates_args=())
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool, scale: float,
             kernel: str, deterministic: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(out (B, H, Nq, d), lse (B, H, Nq)) of the registered forward `kernel`;
     deterministic is kept for the backward (the forward has no atomics)."""
-    return _forward(q, k, v, causal, scale, kernel)
+    return _run(flash_attention_forward, (q, k, v), causal=causal, scale=scale,
+                kernel=kernel)
 
 
 @forward.register_fake
@@ -99,7 +83,8 @@ def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
              out: torch.Tensor, lse: torch.Tensor, causal: bool, scale: float, kernel: str,
              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of the registered backward of `kernel`, from the forward's out and lse."""
-    return _backward_grads(dout, q, k, v, out, lse, causal, scale, kernel, deterministic)
+    return _run(flash_attention_backward, (dout, q, k, v, out, lse), causal=causal,
+                scale=scale, kernel=kernel, deterministic=deterministic)
 
 
 @backward.register_fake
@@ -122,24 +107,6 @@ def _backward(ctx, dout, _dlse):
 
 
 forward.register_autograd(_backward, setup_context=_setup_context)
-
-
-class _Eager(torch.autograd.Function):
-    """The ops' forward and backward bodies, for calls that are not traced (module docstring):
-    the same kernels, the same tensors saved, the same results."""
-
-    @staticmethod
-    def forward(ctx, q, k, v, causal, scale, kernel, deterministic):
-        out, lse = _forward(q, k, v, causal, scale, kernel)
-        ctx.save_for_backward(q, k, v, out, lse)
-        ctx.options = (causal, scale, kernel, deterministic)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward_grads(dout, q, k, v, out, lse, *ctx.options)
-        return dq, dk, dv, None, None, None, None
 
 
 def flash_attention(q, k, v, *, causal=False, scale=None, kernel="auto", deterministic=False):
@@ -166,7 +133,5 @@ def flash_attention(q, k, v, *, causal=False, scale=None, kernel="auto", determi
         raise TypeError(f"scale must be a real number, got {scale!r}")
     if not isinstance(kernel, str):
         raise TypeError(f"kernel must be a registered name (a str), got {kernel!r}")
-    args = (q, k, v, bool(causal), float(scale), kernel, bool(deterministic))
-    if torch.compiler.is_compiling():
-        return forward(*args)[0]
-    return _Eager.apply(*args)
+    out, _ = forward(q, k, v, bool(causal), float(scale), kernel, bool(deterministic))
+    return out
