@@ -134,6 +134,19 @@ def test_compiles_fullgraph_with_the_same_numbers():
         assert torch.equal(a, b)
 
 
+def test_double_backward_is_an_error_not_a_silent_answer():
+    """The backward has no derivative of its own: a second backward (a gradient penalty,
+    create_graph=True) must raise, not treat dq as a constant (an eager autograd.Function
+    whose body detached its inputs did that, 2026-12-06)."""
+    torch.manual_seed(5)
+    q, k, v = (torch.randn(1, 1, 3, 4, dtype=torch.float64, device=DEVICE, requires_grad=True)
+               for _ in range(3))
+    out = flash_attention(q, k, v, causal=True, kernel="rowwise")
+    dq, = torch.autograd.grad(out.sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError, match="autograd formula"):
+        torch.autograd.grad((dq ** 2).sum(), q)
+
+
 def test_bad_input_is_a_clear_error_before_any_launch():
     q = torch.randn(1, 1, 3, 4, device=DEVICE)
     with pytest.raises(TypeError, match="causal must be True or False"):
