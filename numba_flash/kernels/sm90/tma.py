@@ -135,7 +135,7 @@ def _to_device(words, stream):
     memory, and frees with cuMemFree in batches, each of which waits for the device: in a
     training loop whose tensors come at new addresses, that made the host wait for the GPU
     every few steps. Else (CuPy, Numba, the simulator) Numba's to_device."""
-    torch = sys.modules.get("torch")
+    torch = sys.modules.get("torch")     # (arrays.torch_module's answer; kernels import no API)
     if SIMULATOR or torch is None or not torch.cuda.is_initialized():
         array = cuda.to_device(words, stream=stream)
         return (None if SIMULATOR else array.device_ctypes_pointer.value), array
