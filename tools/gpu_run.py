@@ -19,6 +19,7 @@ Stages (default: tests memcheck bench-bf16 bench-f32):
                 pairs in bfloat16
     bench-bf16  numba-flash bench in bfloat16: wgmma16, torch flash (FlashAttention-2), cuDNN
                 (issue 24's grid)
+    bench-f16   the same in float16
     bench-f32   numba-flash bench in float32: wgmma, torch efficient (issue 25's grid)
     host        tools/host_pieces.py (host µs of a call, replayed and in full)
     recall      examples/recall.py, 150 steps: bf16 with SDPA beside, float32
@@ -42,9 +43,15 @@ import time
 PY = sys.executable
 SANITIZE = ["compute-sanitizer", "--report-api-errors", "no", "--error-exitcode", "1"]
 HALF_PAIRS = ["wgmma16", "mma16", "wgmma16-tf32bwd"]
-BF16 = ["-m", "numba_flash", "bench", "--dtype", "bfloat16", "--mode", "both", "--n", "1024",
-        "4096", "16384", "--impl", "numba-flash wgmma16", "--impl", "torch flash", "--impl",
-        "torch cudnn"]
+
+
+def half_bench(dtype):
+    """The bench's arguments for issue 24's grid in a 16-bit dtype, beside FA2 and cuDNN."""
+    return ["-m", "numba_flash", "bench", "--dtype", dtype, "--mode", "both", "--n", "1024",
+            "4096", "16384", "--impl", "numba-flash wgmma16", "--impl", "torch flash",
+            "--impl", "torch cudnn"]
+
+
 F32 = ["-m", "numba_flash", "bench", "--dtype", "float32", "--mode", "both", "--n", "1024",
        "4096", "16384", "--impl", "numba-flash wgmma", "--impl", "torch efficient"]
 
@@ -56,6 +63,7 @@ STAGES = {
     "memcheck": (420, r"ERROR SUMMARY|" + PYTEST),
     "racecheck": (300, r"RACECHECK SUMMARY|ERROR SUMMARY"),
     "bench-bf16": (200, r"^all figures: |Error"),
+    "bench-f16": (200, r"^all figures: |Error"),
     "bench-f32": (220, r"^all figures: |Error"),
     "host": (60, r"^\s*API forward\s+[\d.]+$"),
     "recall": (150, r"ms/step|Error"),
@@ -79,8 +87,9 @@ def commands(stage, out, tests=()):
         sanitizer = [SANITIZE[0], "--tool", "racecheck", *SANITIZE[1:]]
         return [[*sanitizer, PY, "tools/sanitize.py", "wgmma"],
                 [*sanitizer, PY, "tools/sanitize.py", *HALF_PAIRS, "--dtype", "bfloat16"]]
-    if stage == "bench-bf16":
-        return [[PY, *BF16, "--json", os.path.join(out, "bench-bf16.json")]]
+    if stage in ("bench-bf16", "bench-f16"):
+        dtype = "bfloat16" if stage == "bench-bf16" else "float16"
+        return [[PY, *half_bench(dtype), "--json", os.path.join(out, f"{stage}.json")]]
     if stage == "bench-f32":
         return [[PY, *F32, "--json", os.path.join(out, "bench-f32.json")]]
     if stage == "host":
