@@ -87,6 +87,40 @@ def test_vector_dkdv_kernels_give_the_scalar_kernels_bits(case):
     assert np.abs(results[0][0]).max() > 0 and np.abs(results[0][1]).max() > 0
 
 
+@pytest.mark.parametrize("case", (Case("GQA, two Q blocks, Nq != Nk", 1, 2, 1, 70, 45, 12),
+                                  Case("causal, three Q blocks, two K/V blocks", 1, 1, 1, 150,
+                                       80, 8, causal=True)),
+                         ids=lambda c: c.name)
+def test_lean_kernel_with_dq_vector_twin_gives_the_scalar_twins_bits(case):
+    """The lean kernel with dQ reads S's and dP's step-permuted A pairs from Q's and dO's row
+    views 8 bytes at a time (vector_io.load2_row) and adds dQ by vector atomics, where its
+    scalar twin reads and adds element by element: the same dq, dk and dv, bit for bit (the
+    simulator adds in the grid's order either way), rows past Nq of dq left alone."""
+    from numba_flash.kernels.support import head_grid
+    from numba_flash.kernels.vector_io import aligned
+    q, k, v, dout = case.inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=case.causal, kernel="wgmma")
+    q3, k3, v3, do3, o3 = (x.reshape(-1, x.shape[2], case.d) for x in (q, k, v, dout, out))
+    lse2 = lse.reshape(q3.shape[:2]).astype(np.float32)
+    D = (do3.astype(np.float64) * o3).sum(-1).astype(np.float32)
+    dispatch, threads = sm90_backward.dkdv_launcher(False, case.causal, True)
+    results = []
+    for kernel in (dispatch.vector, dispatch.scalar):
+        dk, dv = np.zeros_like(k3), np.zeros_like(v3)
+        # dq with rows past Nq (the kernel reads Nq from q) holding a sentinel to leave alone
+        dq = np.full((q3.shape[0], q3.shape[1] + 3, case.d), 7.0, np.float32)
+        dq[:, :q3.shape[1]] = 0
+        assert aligned(q3, do3, dq)
+        grid = (-(-k3.shape[1] // 64), *head_grid(k3.shape[0]))
+        kernel[grid, threads](q3, k3, v3, do3, lse2, D, dk, dv, dq,
+                              np.float32(case.d ** -0.5), case.H, case.H // case.Hk)
+        assert np.all(dq[:, q3.shape[1]:] == 7.0)
+        results.append((dq, dk, dv))
+    for vector, scalar in zip(*results):
+        np.testing.assert_array_equal(vector, scalar)
+    assert np.abs(results[0][0]).max() > 0
+
+
 def test_wgmma_rejects_tiles_it_does_not_have_and_falls_back_where_it_cannot_run():
     with pytest.raises(ValueError, match="64 x 64 tiles"):
         sm90_backward.check_tiles(32, 64, 64, np.float32)

@@ -4,6 +4,7 @@ load4(src, head, row, col) returns src[head, row, col : col + 4] as a 4-tuple (l
 in float32; two ld.global.v2.f64 in float64).
 load2(src, head, row, col) returns the pair src[head, row, col : col + 2] (ld.global.v2.f32;
 float32, col even, rows 8-byte aligned): tensor-core fragments hold pairs of adjacent columns.
+load2_row(row, col) the same from a 1-D row view, row[col : col + 2].
 store4(dst, head, row, col, x) writes the 4-tuple x there (st.global.v4.f32).
 store_words(dst, head, row, col, w) writes the four uint32 words w (16 bytes: 8 elements of a
 16-bit dst, their low halves first) at dst[head, row, col:] (st.global.v4.u32).
@@ -117,6 +118,10 @@ if SIMULATOR:
     @cuda.jit(device=True)
     def load2(src, head, row, col):
         return src[head, row, col], src[head, row, col + 1]
+
+    @cuda.jit(device=True)
+    def load2_row(row, col):
+        return row[col], row[col + 1]
 
     @cuda.jit(device=True)
     def store4(dst, head, row, col, x):
@@ -233,6 +238,23 @@ else:
             pair = ir.VectorType(context.get_data_type(sig.args[0].dtype), 2)
             loaded = builder.load(builder.bitcast(_first(context, builder, sig, args),
                                                   pair.as_pointer()), align=8)
+            values = [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
+                      for e in range(2)]
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return sig, codegen
+
+    @intrinsic
+    def load2_row(typingctx, row, col):
+        # load2 from a 1-D float32 row view (operands.row_views): row[col : col + 2]
+        if not (isinstance(row, types.Array) and row.ndim == 1 and row.dtype == types.float32):
+            return None
+        sig = types.UniTuple(row.dtype, 2)(row, col)
+
+        def codegen(context, builder, sig, args):
+            pair = ir.VectorType(context.get_data_type(sig.args[0].dtype), 2)
+            first = _element_pointer(context, builder, sig.args, args)
+            loaded = builder.load(builder.bitcast(first, pair.as_pointer()), align=8)
             values = [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
                       for e in range(2)]
             return context.make_tuple(builder, sig.return_type, values)

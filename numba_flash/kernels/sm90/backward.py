@@ -41,9 +41,9 @@ from ..vector_io import add2_if as red_add2_if
 from .dq import run_dq
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add, add2,
                        add_in_turn, clear, make_chain_fragments, make_global_fragment,
-                       make_stage, row_elements, row_stats, row_views, split_chain,
-                       split_fragment, transposed_fragment,
-                       transposed_fragment_chain_paired, transposed_fragment_paired)
+                       make_row_elements_permuted, make_stage, row_stats, row_views, split_chain,
+                       split_fragment, transposed_fragment_chain_paired,
+                       transposed_fragment_paired_permuted)
 from .softmax import causal_key_limits, exp_where
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, position, products
 
@@ -76,19 +76,6 @@ def check_tiles(block_m, block_n, d, dtype, deterministic=False):
                          f"block_n={block_n}")
 
 
-@cuda.jit(device=True)     # (cuda.atomic: not a plain function on the simulator)
-def add_dq(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
-    """dQ^T's accumulator (rows: the head dim 16 rows.., columns: queries m0..; A read by
-    transposed_fragment) times scale, added into dq[bh] by scalar atomics."""
-    g4, t4 = lane // U(4), lane % U(4)
-    for nt in range(REGS // 4):
-        for e in range(4):                     # dQ^T entry (head dim c, query i)
-            c = U(16) * rows + g4 + U(8 * (e // 2))
-            i = m0 + U(8 * nt + e % 2) + t4 * U(2)
-            if i < nq and c < d:
-                cuda.atomic.add(dq, (bh, i, c), dq_acc[4 * nt + e] * scale)
-
-
 def _make_add_dq_pairs(vector):
     """add_dq_pairs (vector: one red.global.add.v2.f32 per pair) or add_dq_pairs_by_element
     (two scalar atomics per pair)."""
@@ -112,8 +99,9 @@ def _make_add_dq_pairs(vector):
     return add_pairs
 
 
-# add_dq for an accumulator whose A was read by transposed_fragment_paired (or _chain_paired):
-# entries e and e + 2 are head-dim columns c and c + 1 (c even) of one dq row.
+# dQ for an accumulator whose A was read by transposed_fragment_paired_permuted (lean) or
+# _chain_paired (wide): entries e and e + 2 are head-dim columns c and c + 1 (c even) of one dq
+# row.
 # add_dq_pairs: one red.global.add.v2.f32 per pair (vector_io.add2: d even and dq's rows 8-byte
 # aligned, the caller's promise): half the atomic instructions, each changing 8 bytes.
 # add_dq_pairs_by_element: two scalar atomics per pair (any d, any alignment).
@@ -190,23 +178,27 @@ def make_accumulate_w_chained(x_exact=False, vector=False):
 
 
 @functools.lru_cache(maxsize=None)
-def make_sdp_elements(views):
+def make_sdp_elements(views, vector=False):
     """(rows, step_elements): how the lean kernel reads the A elements of S's and dP's steps
     (Q's and dO's rows i0, i1 of a Q block, make_global_fragment's global_elements):
     rows(src, bh, i0, i1) once a Q block, then step_elements(row0, row1, src, bh, m0, valid0,
     valid1, s, d, warp, lane) a step. views: from two 1-D row views indexed by column
     (operands.row_views: the S/dP step 233 -> 203 SASS instructions), else from (head, row,
-    column) at every step. The causal kernel with dQ takes the views (1.04-1.06x in GPU time at
-    d = 64, H100, 2026-12-06); the unmasked kernel spilled with them (24 bytes) and ran 0.98x,
-    and the deterministic path's causal one (no dQ) spilled more (40 -> 64 bytes of stack,
-    not timed), so those keep the per-step form."""
-    elements = make_global_fragment(False, split=False)
+    column) at every step. Both are step-permuted (make_global_fragment's step_permuted, as
+    the K and V tiles are staged); vector: each row's pair one 8-byte load. The kernels with
+    dQ take the views (causal: 1.04-1.06x in GPU time at d = 64, H100, 2026-12-06, before the
+    permutation; unmasked: 8 bytes of spills with the views and vector pairs, not timed), the
+    deterministic path's (no dQ) the per-step form (with views its causal one spilled more,
+    40 -> 64 bytes of stack, not timed)."""
+    elements = make_global_fragment(False, split=False, vector=vector, step_permuted=True)
     if views:
         def rows(src, bh, i0, i1):
             return row_views(src, bh, i0, i1)
 
+        row_elements_permuted = make_row_elements_permuted(vector)
+
         def step_elements(row0, row1, src, bh, m0, valid0, valid1, s, d, warp, lane):
-            return row_elements(row0, row1, valid0, valid1, s, d, lane)
+            return row_elements_permuted(row0, row1, valid0, valid1, s, d, lane)
     else:
         def rows(src, bh, i0, i1):
             return src, src                      # (unused)
@@ -226,23 +218,27 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     for dV^T += dO^T P, then dS^T for dK^T += Q^T dS, then dS for dQ^T = K^T dS^T. S and dP
     one step each per wait, the accumulating products two steps per wait; the A fragments
     from global memory loaded a step (S, dP) or a pair of steps ahead.
-    vector_atomics: dQ^T's A rows paired (transposed_fragment_paired) and dQ added by
-    add_dq_pairs, one vector atomic per two columns (d even, dq's rows 8-byte aligned:
-    run_backward's AlignedDispatch checks). vector_loads: dV's and dK's A (dO^T, Q^T) read
-    as pairs of adjacent head-dim columns, 8 bytes at a time (q, dout 16-byte aligned, d % 4
-    == 0: the dispatch). dq_out=False: dQ is neither formed nor added (the
+    S's and dP's contraction is permuted within each step (K, V staged with make_stage(False,
+    permuted=True), Q's and dO's A pairs read by make_sdp_elements), as the forward forms S.
+    dQ^T's A rows paired (transposed_fragment_paired_permuted), its entries e and e + 2 two
+    adjacent columns of a dq row. vector_atomics: dQ added by add_dq_pairs, one vector atomic
+    per two columns (d even, dq's rows 8-byte aligned: run_backward's AlignedDispatch checks),
+    else add_dq_pairs_by_element. vector_loads: S's and dP's A pairs and dV's and dK's A
+    (dO^T, Q^T, as pairs of adjacent head-dim columns) read 8 bytes at a time (q, dout
+    16-byte aligned, d % 4 == 0: the dispatch). dq_out=False: dQ is neither formed nor added (the
     deterministic path's dK/dV kernel; dq is not read).
     half: q, k, v, dout hold half values (exact in TF32): S and dP skip the products of K's
     and V's zero small parts, dV those of dO's, dQ those of K^T's (wgmma.products' exact);
     dK's A is scale Q, not exact, and keeps all three."""
     DQ_OUT = dq_out
-    dq_fragment = transposed_fragment_paired if vector_atomics else transposed_fragment
-    add_dq_acc = add_dq_pairs if vector_atomics else add_dq
-    rows, step_elements = make_sdp_elements(causal and dq_out)
+    # K's tile step-permuted: dQ^T's A rows read where they are, paired
+    dq_fragment = transposed_fragment_paired_permuted
+    add_dq_acc = add_dq_pairs if vector_atomics else add_dq_pairs_by_element
+    rows, step_elements = make_sdp_elements(dq_out, vector_loads)
     step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
     recompute_p = make_recompute_p(float32, causal, select=True)
-    stage = make_stage(False)
+    stage = make_stage(False, permuted=True)    # K and V: S's and dP's contraction permuted
     uBM = U(BLOCK)
     accumulate_dv = make_accumulate_w(half, vector_loads)
     accumulate_w = make_accumulate_w(False, vector_loads)

@@ -70,13 +70,15 @@ def make_lean_dq_kernel(causal, half=False):
     dout, lse, D, dq, scale, heads, group) on (B*H, N, d) float32 arrays; writes dq.
     half: k and v hold half values (exact in TF32): S, dP and dS K skip the products of
     their zero small parts (wgmma.products' exact="b"), as the forward's S does."""
-    stage_q = make_stage(False, loads=STAGE_LOADS)        # as the forward stages scale Q
-    stage = make_stage(False)                             # K and V, K-major over the head dim
+    # scale Q and K as the forward stages them (S's contraction permuted in each step), V and
+    # dO's fragments (dP's contraction) alike
+    stage_q = make_stage(False, permuted=True, loads=STAGE_LOADS)
+    stage = make_stage(False, permuted=True)              # K and V
     stage_kt = make_stage(True, permuted=True)            # K^T, each 8-key group permuted
     s_steps = make_lean_s(K_T, SCRATCH_AT, half)
     prod = products(BLOCK, D_PAD, D_PAD, "b" if half else None)
     step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
-    fragment = make_global_fragment(False)
+    fragment = make_global_fragment(False, step_permuted=True)
     ds_in_place = make_ds(causal)
     uBM = U(BLOCK)
 

@@ -124,8 +124,9 @@ def make_lean_kernel(causal, half=False):
     registers is the SM's 64 Ki); fetching V^T too, or K before S, spilled 220-824 bytes.
     half: K and V hold half values (exact in TF32): the products with their zero small parts
     are not issued (wgmma.products' exact="b")."""
-    stage_q = make_stage(False, loads=STAGE_LOADS)
-    fetch_k, put_k = make_fetch()
+    # scale Q and K with S's contraction permuted in each step (as the backward reads them)
+    stage_q = make_stage(False, permuted=True, loads=STAGE_LOADS)
+    fetch_k, put_k = make_fetch(permuted=True)
     stage_vt = make_stage(True, permuted=True, loads=STAGE_LOADS)
     chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
     s_steps = make_lean_s(K_T, SCRATCH_AT, half)

@@ -7,9 +7,11 @@ moves P by percents):
 - d <= 64 (one warpgroup, 64 x 64 tiles): A = scale Q as register fragments holding the TF32
   parts of q * scale (`make_global_fragment`: the backward reads them from global memory, the
   forward from its staged Q tile, whose parts `make_stage` splits the same way), B = the K tile
-  of `make_stage(False)`; 8 steps of 8, each summed from zero on the tensor core and added in
-  step order (sm90.forward pairs S's steps per wait, sm90.backward pairs S with dP: the same
-  sums).
+  of `make_stage(False, permuted=True)`, the contraction permuted within each step on both
+  sides (position k holds column 2 (k % 4) + k // 4: a thread's A entries t, t + 4 are
+  adjacent columns, one 8-byte load); 8 steps of 8, each summed from zero on the tensor core
+  and added in step order (sm90.forward pairs S's steps per wait, sm90.backward pairs S with
+  dP: the same sums).
 - 64 < d <= 128 (two warpgroups, the head dim in two halves of 64): four products of CHAIN = 4
   steps chained in the tensor core, A from `make_chain_fragments(permuted=True)` (each
   thread's entries runs of 8 contiguous columns, `chain_column`), B = K staged with
@@ -28,7 +30,7 @@ from numba import cuda, float32
 
 from ..mma import split_tf32
 from ..support import NEG_INF, U, device_function, inlined_device_function
-from ..vector_io import copies_commit, copy16, load2, load4
+from ..vector_io import copies_commit, copy16, load2, load2_row, load4
 from .wgmma import CHAIN, STEP, WARPGROUP, products
 
 BLOCK = 64                  # block_m = block_n
@@ -122,14 +124,16 @@ def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False,
                chain_permuted=False):
     """stage(sm, at, src, head, row0, col0, d, mult) for tiles K-major over the head dim
     (transposed: over the rows).
-    permuted (with transposed): within each 8-group of the contraction, position k holds row
-    2 (k % 4) + k // 4, so that a C fragment is a register A fragment against this tile
-    (sm90.forward: O += P V with V^T so staged). loads: stage's batch of global loads in
-    flight (a divisor of 32). per_warpgroup: stage runs in a block of several warpgroups, each
-    staging its own tiles (thread index taken modulo 128; a separate option because that
-    one instruction moved ptxas's allocation of the timed one-warpgroup forward, 170 -> 188
-    registers). chain_permuted (not transposed): the tile's column c holds the source's column
-    chain_column(c), so that a chained product's register A fragments, loaded by
+    permuted: within each 8-group of the contraction, position k holds row (transposed) or
+    column 2 (k % 4) + k // 4. Transposed, a C fragment is then a register A fragment against
+    this tile (sm90.forward: O += P V with V^T so staged); not transposed (d <= 64's K, V and
+    scale Q: step_permuted), a thread's two contraction entries t and t + 4 of a register A
+    fragment are adjacent columns 2 t and 2 t + 1, one 8-byte load. loads: stage's batch of
+    global loads in flight (a divisor of 32). per_warpgroup: stage runs in a block of several
+    warpgroups, each staging its own tiles (thread index taken modulo 128; a separate option
+    because that one instruction moved ptxas's allocation of the timed one-warpgroup forward,
+    170 -> 188 registers). chain_permuted (not transposed): the tile's column c holds the
+    source's column chain_column(c), so that a chained product's register A fragments, loaded by
     make_chain_fragments(permuted=True), are runs of 8 contiguous columns (see there)."""
     BATCH = loads
     coords, load, put, _ = _tile_access(transposed, permuted, per_warpgroup, chain_permuted,
@@ -155,13 +159,13 @@ def make_stage(transposed, permuted=False, loads=LOADS, per_warpgroup=False,
     return stage
 
 
-def make_fetch():
-    """(fetch, put): make_stage(False)'s tile (K-major over the head dim, one warpgroup's,
-    mult 1) in two halves, for a tile staged a block ahead through registers (sm90.forward's
-    K). fetch(vals, src, head, row0, col0, d) loads the thread's PER_THREAD = 32 elements of
-    it into vals, all in flight at once; put(sm, at, vals) splits and stores them later, as
-    stage would have, bit for bit."""
-    coords, load, put_all, _ = _tile_access(False, False, False, False, PER_THREAD)
+def make_fetch(permuted=False):
+    """(fetch, put): make_stage(False, permuted)'s tile (K-major over the head dim, one
+    warpgroup's, mult 1) in two halves, for a tile staged a block ahead through registers
+    (sm90.forward's K). fetch(vals, src, head, row0, col0, d) loads the thread's PER_THREAD =
+    32 elements of it into vals, all in flight at once; put(sm, at, vals) splits and stores
+    them later, as stage would have, bit for bit."""
+    coords, load, put_all, _ = _tile_access(False, permuted, False, False, PER_THREAD)
 
     @cuda.jit(device=True)
     def fetch(vals, src, head, row0, col0, d):
@@ -252,39 +256,13 @@ def clear(acc):
         acc[j] = float32(0.0)
 
 @device_function
-def transposed_fragment(sm, at, s, warp, lane):
-    """The register A fragment (big, small) of step s of X^T, X the 64 x 64 tile at sm[at]
-    (K-major: element (a, b) at core_offset(a, b, 64)): X^T's rows are b, its contraction
-    a; entries in wgmma.a_fragment_index's order."""
-    # core_offset(8 s + t (+ 4), 16 warp + g (+ 8), 64): a base plus 16 and 64
-    g, t = lane // U(4), lane % U(4)
-    o0 = at + U(512) * U(s) + (warp * U(4) + g // U(4)) * U(32) + t * U(4) + g % U(4)
-    o1, o2, o3 = o0 + U(64), o0 + U(16), o0 + U(80)
-    return ((sm[o0], sm[o1], sm[o2], sm[o3]),
-            (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
-
-
-@device_function
-def transposed_fragment_paired(sm, at, s, warp, lane):
-    """transposed_fragment with the thread's two rows paired: rows g and g + 8 of the warp's 16
-    are X^T's rows 16 warp + 2 g and 16 warp + 2 g + 1 (not 16 warp + g and + 8). A product
-    with this A has those rows in its accumulator's entries e and e + 2 (wgmma.position): for
-    dQ^T = K^T dS^T, two adjacent head-dim columns of one dq row, added by one vector atomic
-    (add_dq_pairs)."""
-    # core_offset(8 s + t (+ 4), 16 warp + 2 g (+ 1), 64): a base plus 1 and 16
-    g, t = lane // U(4), lane % U(4)
-    o0 = at + U(512) * U(s) + (warp * U(4) + g // U(2)) * U(32) + t * U(4) + (g % U(2)) * U(2)
-    o1, o2, o3 = o0 + U(1), o0 + U(16), o0 + U(17)
-    return ((sm[o0], sm[o1], sm[o2], sm[o3]),
-            (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
-
-
-@device_function
 def transposed_fragment_chain_paired(sm, at, s, warp, lane):
-    """transposed_fragment_paired for a chain-permuted tile (make_stage's chain_permuted: its
-    column b holds source column chain_column(b)): the thread's rows g and g + 8 are source
-    columns 16 warp + 2 g and + 1 again, read from the tile's columns that hold them (the
-    second 4 after the first)."""
+    """The register A fragment (big, small) of step s of X^T, X the 64 x 64 chain-permuted tile
+    at sm[at] (make_stage's chain_permuted: its column b holds source column chain_column(b)),
+    X^T's rows paired: the thread's rows g and g + 8 of the warp's 16 are source columns 16 warp
+    + 2 g and + 1, read from the tile's columns that hold them (the second 4 after the first).
+    A product with this A has those rows in its accumulator's entries e and e + 2: for dQ^T =
+    K^T dS^T, two adjacent head-dim columns of one dq row (sm90.backward.add_dq_pairs)."""
     # core_offset(8 s + t (+ 4), b (+ 4), 64) with b = 32 (warp // 2) + 8 (g % 4)
     # + 2 (warp % 2) + g // 4, the column holding source column 16 warp + 2 g
     g, t = lane // U(4), lane % U(4)
@@ -295,18 +273,25 @@ def transposed_fragment_chain_paired(sm, at, s, warp, lane):
             (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
 
 
-def make_global_fragment(transposed, split=True, paired=False, vector=False):
+def make_global_fragment(transposed, split=True, paired=False, vector=False,
+                         step_permuted=False):
     """global_fragment (below); split=False: global_elements(src, head, row0, s, d, warp, lane),
     its four elements as loaded (not yet times mult), to be scaled and split later by
     split_fragment(x, mult) (sm90.backward loads a step ahead of their use: a multiply at the
     load would wait for it there, Nsight Compute 2026-12-06).
-    paired (transposed, split=False): X^T's rows paired as transposed_fragment_paired pairs
-    them: the thread's rows g and g + 8 of the warp's 16 are X^T's rows 16 warp + 2 g and
-    + 1, two adjacent columns of one src row; a product with this A has those rows in its
-    accumulator's entries e and e + 2 (sm90.backward.store_dkdv). vector (with paired): each
+    paired (transposed, split=False): X^T's rows paired: the thread's rows g and g + 8 of the
+    warp's 16 are X^T's rows 16 warp + 2 g and + 1, two adjacent columns of one src row; a
+    product with this A has those rows in its accumulator's entries e and e + 2
+    (sm90.backward.store_dkdv). vector (with paired): each
     pair one 8-byte load (vector_io.load2: src's data and rows 16-byte aligned and d % 4 == 0,
-    the caller's promise), else element by element."""
+    the caller's promise), else element by element.
+    step_permuted (not transposed): X's contraction permuted within each step as
+    make_stage(permuted=True) stages a B tile (contraction index t + 4 e holds column 2 t + e):
+    the thread's elements X[r, c], X[r + 8, c], X[r, c + 1], X[r + 8, c + 1], c = 8 s + 2 t,
+    a pair of adjacent columns a row (vector: one 8-byte load each)."""
     PAIRED, VECTOR = paired and transposed, vector and paired and transposed
+    PERMUTED = step_permuted and not transposed
+    VECTOR_ROWS = vector and PERMUTED
     zeros2 = (float32(0.0), float32(0.0))
 
     @device_function
@@ -325,11 +310,16 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False):
         wgmma.a_fragment_index's order; zero outside src."""
         n = U(src.shape[1])
         r = warp * U(16) + lane // U(4)
-        c = U(STEP * s) + lane % U(4)
+        if PERMUTED:        # (step_permuted) the k entries t, t + 4: columns 2 t, 2 t + 1
+            c = U(STEP * s) + U(2) * (lane % U(4))
+            c4 = c + U(1)
+        else:
+            c = U(STEP * s) + lane % U(4)
+            c4 = c + U(4)
         b0, s0 = split_tf32(element(src, head, row0, r, c, mult, n, d))
         b1, s1 = split_tf32(element(src, head, row0, r + U(8), c, mult, n, d))
-        b2, s2 = split_tf32(element(src, head, row0, r, c + U(4), mult, n, d))
-        b3, s3 = split_tf32(element(src, head, row0, r + U(8), c + U(4), mult, n, d))
+        b2, s2 = split_tf32(element(src, head, row0, r, c4, mult, n, d))
+        b3, s3 = split_tf32(element(src, head, row0, r + U(8), c4, mult, n, d))
         return (b0, b1, b2, b3), (s0, s1, s2, s3)
 
     @device_function
@@ -349,6 +339,17 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False):
                     element(src, head, row0, r, c + U(4), one, n, d),
                     element(src, head, row0, r + U(1), c + U(4), one, n, d))
         r = warp * U(16) + lane // U(4)
+        if PERMUTED:
+            c = U(STEP * s) + U(2) * (lane % U(4))
+            if VECTOR_ROWS:     # d % 4 == 0, c even: both columns inside or both out
+                lo = load2(src, head, row0 + r, c) if row0 + r < n and c < d else zeros2
+                hi = (load2(src, head, row0 + r + U(8), c) if row0 + r + U(8) < n and c < d
+                      else zeros2)
+                return lo[0], hi[0], lo[1], hi[1]
+            return (element(src, head, row0, r, c, one, n, d),
+                    element(src, head, row0, r + U(8), c, one, n, d),
+                    element(src, head, row0, r, c + U(1), one, n, d),
+                    element(src, head, row0, r + U(8), c + U(1), one, n, d))
         return (element(src, head, row0, r, c, one, n, d),
                 element(src, head, row0, r + U(8), c, one, n, d),
                 element(src, head, row0, r, c + U(4), one, n, d),
@@ -359,25 +360,51 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False):
 @device_function
 def row_views(src, head, i0, i1):
     """(row0, row1): src[head, i0] and src[head, i1] as 1-D views, a row past the last one
-    clamped to it (its elements are never read: row_elements' valid), so that a loop over
+    clamped to it (its elements are never read: the readers' valid flags), so that a loop over
     steps indexes them by column alone (global_elements' addresses were formed in 64 bits
     from (head, row, column) at every step)."""
     last = U(src.shape[1]) - U(1)
     return src[head, min(i0, last)], src[head, min(i1, last)]
 
 
+@functools.lru_cache(maxsize=None)
+def make_row_elements_permuted(vector):
+    """row_elements_permuted(row0, row1, valid0, valid1, s, d, lane): make_global_fragment's
+    global_elements (step_permuted) of step s from row_views' rows: X[r, c], X[r + 8, c],
+    X[r, c + 1], X[r + 8, c + 1], c = 8 s + 2 (lane % 4); zero on a row that is not valid
+    (past the last) and past column d. vector: each row's pair one 8-byte load
+    (vector_io.load2_row: rows 8-byte aligned and d even, the caller's promise)."""
+    zeros2 = (float32(0.0), float32(0.0))
+
+    @device_function
+    def row_elements_permuted(row0, row1, valid0, valid1, s, d, lane):
+        c = U(STEP * s) + U(2) * (lane % U(4))
+        c1 = c + U(1)
+        zero = float32(0.0)
+        if vector:     # c even, d even: both columns inside or both out
+            lo = load2_row(row0, c) if valid0 and c < d else zeros2
+            hi = load2_row(row1, c) if valid1 and c < d else zeros2
+            return lo[0], hi[0], lo[1], hi[1]
+        return (row0[c] if valid0 and c < d else zero,
+                row1[c] if valid1 and c < d else zero,
+                row0[c1] if valid0 and c1 < d else zero,
+                row1[c1] if valid1 and c1 < d else zero)
+    return row_elements_permuted
+
+
 @device_function
-def row_elements(row0, row1, valid0, valid1, s, d, lane):
-    """make_global_fragment's global_elements (not transposed) of step s from row_views'
-    rows: the thread's four elements X[r, c], X[r + 8, c], X[r, c + 4], X[r + 8, c + 4],
-    c = 8 s + lane % 4; zero on a row that is not valid (past the last) and past column d."""
-    c = U(STEP * s) + lane % U(4)
-    c4 = c + U(4)
-    zero = float32(0.0)
-    return (row0[c] if valid0 and c < d else zero,
-            row1[c] if valid1 and c < d else zero,
-            row0[c4] if valid0 and c4 < d else zero,
-            row1[c4] if valid1 and c4 < d else zero)
+def transposed_fragment_paired_permuted(sm, at, s, warp, lane):
+    """transposed_fragment_chain_paired for a step-permuted tile (make_stage(False,
+    permuted=True): in each 8-group its column k holds source column 2 (k % 4) + k // 4): the
+    thread's rows g and g + 8 are source columns 16 warp + 2 g and + 1, read from the tile's
+    columns that hold them, 16 warp + 8 (g // 4) + g % 4 and 4 on (4-byte shared loads where
+    an unpermuted tile's pair was adjacent)."""
+    # core_offset(8 s + t (+ 4), b (+ 4), 64) with b = 16 warp + 8 (g // 4) + g % 4
+    g, t = lane // U(4), lane % U(4)
+    o0 = at + U(512) * U(s) + (warp * U(4) + U(2) * (g // U(4))) * U(32) + t * U(4) + g % U(4)
+    o1, o2, o3 = o0 + U(32), o0 + U(16), o0 + U(48)
+    return ((sm[o0], sm[o1], sm[o2], sm[o3]),
+            (sm[o0 + U(TILE)], sm[o1 + U(TILE)], sm[o2 + U(TILE)], sm[o3 + U(TILE)]))
 
 
 @functools.lru_cache(maxsize=None)
