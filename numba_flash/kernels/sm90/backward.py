@@ -234,7 +234,7 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     # K's tile step-permuted: dQ^T's A rows read where they are, paired
     dq_fragment = transposed_fragment_paired_permuted
     add_dq_acc = add_dq_pairs if vector_atomics else add_dq_pairs_by_element
-    rows, step_elements = make_sdp_elements(dq_out, vector_loads)
+    rows, step_elements = make_sdp_elements(causal and dq_out, vector_loads and causal)
     step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
     recompute_p = make_recompute_p(float32, causal, select=True)
