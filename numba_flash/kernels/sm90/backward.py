@@ -185,11 +185,12 @@ def make_sdp_elements(views, vector=False):
     valid1, s, d, warp, lane) a step. views: from two 1-D row views indexed by column
     (operands.row_views: the S/dP step 233 -> 203 SASS instructions), else from (head, row,
     column) at every step. Both are step-permuted (make_global_fragment's step_permuted, as
-    the K and V tiles are staged); vector: each row's pair one 8-byte load. The kernels with
-    dQ take the views (causal: 1.04-1.06x in GPU time at d = 64, H100, 2026-12-06, before the
-    permutation; unmasked: 8 bytes of spills with the views and vector pairs, not timed), the
-    deterministic path's (no dQ) the per-step form (with views its causal one spilled more,
-    40 -> 64 bytes of stack, not timed)."""
+    the K and V tiles are staged); vector: each row's pair one 8-byte load. Which kernel takes
+    which (GPU time at d = 64 against the unpermuted kernels, H100, 2026-12-07): the causal
+    kernel with dQ the views and 8-byte pairs (1.03x forward+backward); the unmasked one with
+    dQ the per-step form, 4-byte (1.003-1.006x; with the views and pairs it spilled 8 bytes
+    and ran 0.97-0.98x); the deterministic path's (no dQ) the per-step form, 8-byte pairs
+    under causal masking (with views its causal one spilled, 40 -> 64 bytes of stack)."""
     elements = make_global_fragment(False, split=False, vector=vector, step_permuted=True)
     if views:
         def rows(src, bh, i0, i1):
@@ -223,10 +224,11 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     dQ^T's A rows paired (transposed_fragment_paired_permuted), its entries e and e + 2 two
     adjacent columns of a dq row. vector_atomics: dQ added by add_dq_pairs, one vector atomic
     per two columns (d even, dq's rows 8-byte aligned: run_backward's AlignedDispatch checks),
-    else add_dq_pairs_by_element. vector_loads: S's and dP's A pairs and dV's and dK's A
-    (dO^T, Q^T, as pairs of adjacent head-dim columns) read 8 bytes at a time (q, dout
-    16-byte aligned, d % 4 == 0: the dispatch). dq_out=False: dQ is neither formed nor added (the
-    deterministic path's dK/dV kernel; dq is not read).
+    else add_dq_pairs_by_element. vector_loads: S's and dP's A pairs (under causal masking:
+    make_sdp_elements says why) and dV's and dK's A (dO^T, Q^T, as pairs of adjacent head-dim
+    columns) read 8 bytes at a time (q, dout 16-byte aligned, d % 4 == 0: the dispatch).
+    dq_out=False: dQ is neither formed nor added (the deterministic path's dK/dV kernel; dq is
+    not read).
     half: q, k, v, dout hold half values (exact in TF32): S and dP skip the products of K's
     and V's zero small parts, dV those of dO's, dQ those of K^T's (wgmma.products' exact);
     dK's A is scale Q, not exact, and keeps all three."""
