@@ -305,6 +305,31 @@ def table(records):
     return "\n".join(lines)
 
 
+def ratios(records):
+    """Text: for each numba-flash implementation and each other one (the peers), per mode, the
+    range of ours / peer TFLOP/s over the grid points both ran and the point where ours is
+    furthest behind (issue targets are ratios "at every point"), e.g.
+    `fwd+bwd numba-flash wgmma / torch efficient: 1.42-1.51x, lowest d=64 N=1024 causal`."""
+    ok = [r for r in records if "error" not in r]
+    tflops = {(r["impl"], r["mode"], r["d"], r["causal"], r["N"]): r["tflops"] for r in ok}
+    ours = sorted({r["impl"] for r in ok if r["impl"].startswith("numba-flash")})
+    peers = sorted({r["impl"] for r in ok} - set(ours))
+    lines = []
+    for mode in ("fwd", "fwd+bwd"):
+        for name in ours:
+            for peer in peers:
+                points = {key[2:]: value / tflops[(peer, *key[1:])]
+                          for key, value in tflops.items()
+                          if key[:2] == (name, mode) and (peer, *key[1:]) in tflops}
+                if not points:
+                    continue
+                (d, causal, n), low = min(points.items(), key=lambda item: item[1])
+                lines.append(f"{mode} {name} / {peer}: {low:.2f}-{max(points.values()):.2f}x "
+                             f"over {len(points)} points, lowest d={d} N={n}"
+                             f"{' causal' if causal else ''}")
+    return "\n".join(lines)
+
+
 def select_grid(grid, head_dims=None, lengths=None):
     """The points of grid with d in head_dims and N in lengths (None: any); ValueError when
     that leaves none."""
@@ -333,6 +358,8 @@ def main(json_path, quick=False, mode="both", long=False, head_dims=None, length
         records.append(run_long())
         save(records)
     print(table(records))
+    if ratios(records):
+        print("\nours / peers (TFLOP/s):\n" + ratios(records))
     for r in records:
         if r["N"] > 16384:
             print(f"\nlong context: {r['impl']} {r['mode']} B{r['B']} H{r['H']} N{r['N']} d{r['d']}: "

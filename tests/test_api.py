@@ -402,3 +402,20 @@ def test_device_arrays_must_be_readable_as_stored():
         arrays.check_stored("q", x.transpose(2, 3))
     with pytest.raises(ValueError, match=r"negative bit.*q\.resolve_neg\(\)"):
         arrays.check_stored("q", torch._neg_view(x))
+
+
+def test_bench_ratios_give_each_range_and_the_point_furthest_behind():
+    from numba_flash import bench
+    rows = (("numba-flash wgmma", "fwd", False, 1024, 42.0),
+            ("torch efficient", "fwd", False, 1024, 30.0),
+            ("numba-flash wgmma", "fwd", True, 1024, 33.0),
+            ("torch efficient", "fwd", True, 1024, 30.0),
+            ("numba-flash wgmma", "fwd", False, 4096, 50.0),     # no peer figure here
+            ("numba-flash wgmma", "fwd+bwd", False, 1024, 40.0))
+    records = [dict(impl=impl, mode=mode, d=64, causal=causal, N=n, tflops=t)
+               for impl, mode, causal, n, t in rows]
+    records.append(dict(impl="torch efficient", mode="fwd+bwd", d=64, causal=False, N=1024,
+                        error="OutOfMemoryError: ..."))            # no ratio from an error
+    assert bench.ratios(records) == ("fwd numba-flash wgmma / torch efficient: 1.10-1.40x "
+                                     "over 2 points, lowest d=64 N=1024 causal")
+    assert bench.ratios(records[:1]) == ""
