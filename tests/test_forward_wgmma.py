@@ -41,32 +41,35 @@ def test_wide_pair_causal_masked_rows():
     check_pair(Case("d = 128, causal, fully masked rows", 1, 1, 1, 21, 7, 128, causal=True))
 
 
-def test_wide_forward_staged_from_raw_blocks_gives_the_scalar_kernels_bits():
-    """The wide forward's vector kernel brings K and V a block ahead (cp.async into raw
-    blocks in shared memory, split into the tiles from there); its scalar twin stages them
-    from global memory. Same tiles, so the same out and lse bit for bit: Nq = Nk = 130, causal
-    (two query blocks, run heaviest first; in the first, warpgroup 0 only stages the K/V
-    block past its rows), the last K/V block partial (zeros past Nk from the copies' zero
-    fill), d = 68 (4 columns in the upper half; zeros past d)."""
+@pytest.mark.parametrize("d", [36, 68], ids=["lean, V from a raw block", "wide, raw blocks"])
+def test_forward_staged_from_raw_blocks_gives_the_twins_bits(d):
+    """The forward's vector kernels bring K/V tiles a block ahead by cp.async into raw blocks
+    in shared memory and split them into the tiles from there (the lean kernel, d <= 64: V;
+    the wide one: K and V); their twins stage them from global memory. Same tiles, so the same
+    out and lse bit for bit: Nq = Nk = 130, causal (the wide kernel runs its two query blocks
+    heaviest first; in the first, warpgroup 0 only stages the K/V block past its rows), the
+    last K/V block partial (zeros past Nk from the copies' zero fill), d = 36 (lean) or 68
+    (wide: 4 columns in the upper half), zeros past d."""
     from numba_flash.kernels.sm90 import forward
     from numba_flash.kernels.support import head_grid
     from numba_flash.kernels.vector_io import aligned
-    case = Case("wide, raw blocks", 1, 1, 1, 130, 130, 68, causal=True, logit_scale=4.0)
+    case = Case("raw blocks", 1, 1, 1, 130, 130, d, causal=True, logit_scale=4.0)
     q, k, v, _ = case.inputs(np.float32)
     q3, k3, v3 = (x.reshape(-1, x.shape[2], case.d) for x in (q, k, v))
     assert aligned(q3, k3, v3)
-    dispatch, threads = forward.launcher(True)
+    dispatch, threads = (forward.lean_launcher if d <= 64 else forward.launcher)(True)
+    block_m = forward.tiles(d)[0]
     results = []
     for kernel in (dispatch.vector, dispatch.scalar):
         out, lse = np.zeros_like(q3), np.zeros(q3.shape[:2], np.float32)
-        kernel[(2, *head_grid(1)), threads](q3, k3, v3, out, lse,
-                                             np.float32(case.d ** -0.5), 1, 1)
+        kernel[(-(-130 // block_m), *head_grid(1)), threads](q3, k3, v3, out, lse,
+                                                              np.float32(case.d ** -0.5), 1, 1)
         results.append((out, lse))
     np.testing.assert_array_equal(results[0][0], results[1][0])
     np.testing.assert_array_equal(results[0][1], results[1][1])
     assert_within_tolerance(check_forward(q, k, v, results[0][0].reshape(q.shape),
                                           results[0][1].reshape(q.shape[:-1]), causal=True),
-                            "wide forward from raw blocks")
+                            f"forward from raw blocks, d = {d}")
 
 
 @pytest.mark.gpu

@@ -37,7 +37,7 @@ from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index, inlin
 from ..vector_io import AlignedDispatch, make_copies_wait
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, PER_THREAD, RAW_FLOATS, REGS, TILE, add,
                        clear, make_fetch, make_fetch_raw, make_lean_s, make_stage,
-                       make_stage_raw, make_wide_s)
+                       make_stage_raw, make_wide_s, raw_floats)
 from .softmax import finish_rows, make_online_softmax
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
@@ -50,7 +50,11 @@ copies_wait_all = make_copies_wait(0)
 # lean: float offsets of the tiles, each big then small: scale Q, K, V^T permuted
 Q_T, K_T, VT_T = 0, 2 * TILE, 4 * TILE
 SCRATCH_AT = 6 * TILE          # the simulator's fragment and quad exchange (wgmma.py)
-NBYTES = 4 * (6 * TILE + (SCRATCH if SIMULATOR else 0))
+# then, with vector loads, the next block's V as stored (64 x 64, operands.make_fetch_raw):
+# 113 KiB a block, two blocks an SM fill its 228 KiB (1 KiB of each block's is the system's)
+RAW_V_AT = SCRATCH_AT + (SCRATCH if SIMULATOR else 0)
+NBYTES = 4 * RAW_V_AT
+NBYTES_RAW_V = 4 * (RAW_V_AT + raw_floats(D_PAD))
 # wide: K's two column halves, then V^T's (rows: the head dim), each big then small
 WIDE_K_T, WIDE_VT_T = 0, 2 * HALF
 WIDE_SCRATCH_AT = 4 * HALF     # the simulator's exchanges, one SCRATCH per warpgroup
@@ -86,7 +90,7 @@ def make_forward_kernel(block_m, block_n, head_dim, causal, dtype):
     check(block_m, block_n, head_dim, dtype)
     half = bool(half_format(dtype))
     if head_dim <= D_PAD:
-        return make_lean_kernel(bool(causal), half)
+        return lean_launcher(bool(causal), half)
     return launcher(bool(causal), half)
 
 
@@ -111,23 +115,30 @@ split_ds_chain = _split_chain(split_tf32)
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_kernel(causal, half=False):
+def make_lean_kernel(causal, half=False, raw_v=False):
     """The kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
     out, lse, scale, heads, group) on (B*H, N, d) float32 device arrays. scale Q is staged
     once (its big and small parts) and its A fragments read from there; S's steps go two per
     tensor-core wait (each from zero, added in step order); P V as two chained products.
     K a block ahead (operands.make_fetch): the next block's K is loaded into registers (32 a
     thread) once this block's S is formed, so those loads fly during the softmax and P V, and
-    is split into shared memory at the next block's start; V^T is staged there from global
-    memory as before. 1.19-1.31x the kernel that staged both there (gpu_time, H100,
-    2026-12-06). ptxas gives it 255 registers (2 blocks an SM still fit: 2 x 128 x 256
-    registers is the SM's 64 Ki); fetching V^T too, or K before S, spilled 220-824 bytes.
+    is split into shared memory at the next block's start. 1.19-1.31x the kernel that staged
+    K and V there from global memory (gpu_time, H100, 2026-12-06). ptxas gives it 255
+    registers (2 blocks an SM still fit: 2 x 128 x 256 registers is the SM's 64 Ki); fetching
+    V^T into registers too, or K before S, spilled 220-824 bytes.
+    raw_v: V a block ahead too, without registers: the next block's V rows copied as stored
+    into a raw 64 x 64 block of shared memory by cp.async (operands.make_fetch_raw) once this
+    block's tiles are staged, and V^T split into its tile from there at the next block's start
+    (v 16-byte aligned, d % 4 == 0: lean_launcher picks by the arguments); else V^T is staged
+    from global memory at each block's start, between the two barriers.
     half: K and V hold half values (exact in TF32): the products with their zero small parts
     are not issued (wgmma.products' exact="b")."""
     # scale Q and K with S's contraction permuted in each step (as the backward reads them)
     stage_q = make_stage(False, permuted=True, loads=STAGE_LOADS)
     fetch_k, put_k = make_fetch(permuted=True)
     stage_vt = make_stage(True, permuted=True, loads=STAGE_LOADS)
+    fetch_raw_v = make_fetch_raw(WARPGROUP, D_PAD)
+    stage_raw_vt = make_stage_raw(True, permuted=True, loads=8, columns=D_PAD)
     chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
     s_steps = make_lean_s(K_T, SCRATCH_AT, half)
     online_softmax = make_online_softmax(causal)
@@ -183,13 +194,22 @@ def make_lean_kernel(causal, half=False):
         more = n0 < n_end
         if more:
             fetch_k(k_next, k, kv, n0, U(0), d)
+            if raw_v:
+                fetch_raw_v(sm, U(RAW_V_AT), v, kv, n0, nk, d)
         while more:
+            if raw_v:
+                copies_wait_all()                   # this thread's copies of this block's V
             cuda.syncthreads()                      # every warp is done with the last tiles
             put_k(sm, U(K_T), k_next)
-            stage_vt(sm, U(VT_T), v, kv, n0, U(0), d, float32(1.0))
+            if raw_v:
+                stage_raw_vt(sm, U(VT_T), U(RAW_V_AT), U(0))
+            else:
+                stage_vt(sm, U(VT_T), v, kv, n0, U(0), d, float32(1.0))
             n1 = n0 + uBM
             fence_proxy_async()
             cuda.syncthreads()
+            if raw_v and n1 < n_end:    # the raw block is read: the next block's V into it
+                fetch_raw_v(sm, U(RAW_V_AT), v, kv, n1, nk, d)
 
             # S = (scale Q) K^T, written out (as a loop, which only moves shared-memory
             # addresses, ptxas gave 185 registers, 255 with spills under causal, against 170)
@@ -221,7 +241,17 @@ def make_lean_kernel(causal, half=False):
             if i < nq and c < d:
                 out[bh, i, c] = o_acc[j] * (inv1 if h else inv0)
 
-    return Launcher(forward_wgmma, NBYTES), WARPGROUP
+    return Launcher(forward_wgmma, NBYTES_RAW_V if raw_v else NBYTES), WARPGROUP
+
+
+@functools.lru_cache(maxsize=None)
+def lean_launcher(causal, half=False):
+    """(kernel, threads) of the lean forward: the kernel with V a block ahead by cp.async
+    where v is 16-byte aligned (its data and rows: d % 4 == 0), the one that stages V^T from
+    global memory otherwise (vector_io.AlignedDispatch; the same sums, bit for bit)."""
+    raw, threads = make_lean_kernel(causal, half, True)
+    staged = make_lean_kernel(causal, half, False)[0]
+    return AlignedDispatch(raw, staged, (2,)), threads
 
 
 @functools.lru_cache(maxsize=None)

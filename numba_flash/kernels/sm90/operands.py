@@ -181,41 +181,58 @@ def make_fetch(permuted=False):
     return fetch, put
 
 
-# A raw block: 64 rows x 128 columns (the wide kernels' head dim) of float32 as stored, in
-# shared memory row-major, each row padded by 4 floats so that the 8 rows a warp's staging
-# reads at once start in different banks.
+# A raw block: 64 rows x `columns` (128: the wide kernels' head dim; 64: the lean forward's V)
+# of float32 as stored, in shared memory row-major, each row padded by 4 floats so that the 8
+# rows a warp's staging reads at once start in different banks.
 RAW_ROWS, RAW_COLUMNS = BLOCK, 2 * D_PAD
-RAW_STRIDE = RAW_COLUMNS + 4
-RAW_FLOATS = RAW_ROWS * RAW_STRIDE
 
 
-def make_fetch_raw(threads):
-    """fetch_raw(sm, raw, src, head, row0, n, d): src[head, row0 : row0 + 64, :128] into the
-    raw block at sm[raw] by cp.async (16 bytes a copy, 8 a thread of `threads` = 256; zeros
-    past row n and column d, where d % 4 == 0), committed as one group of the thread's: the
-    caller waits for it (copies_wait), then a block barrier, before reading it. Needs src's
-    data and rows 16-byte aligned (vector_io.aligned)."""
-    COPIES = RAW_ROWS * RAW_COLUMNS // 4 // threads
+def raw_stride(columns=RAW_COLUMNS):
+    """Floats from one row of a raw block to the next."""
+    return columns + 4
+
+
+def raw_floats(columns=RAW_COLUMNS):
+    """Floats of a raw block of 64 rows x columns."""
+    return RAW_ROWS * raw_stride(columns)
+
+
+RAW_FLOATS = raw_floats()
+
+
+def make_fetch_raw(threads, columns=RAW_COLUMNS):
+    """fetch_raw(sm, raw, src, head, row0, n, d): src[head, row0 : row0 + 64, :columns] into
+    the raw block at sm[raw] by cp.async (16 bytes a copy, 64 * columns / 4 / threads a
+    thread; zeros past row n and column d, where d % 4 == 0), committed as one group of the
+    thread's: the caller waits for it (copies_wait), then a block barrier, before reading it.
+    Needs src's data and rows 16-byte aligned (vector_io.aligned)."""
+    COPIES = RAW_ROWS * columns // 4 // threads
+    STRIDE = raw_stride(columns)
 
     @cuda.jit(device=True)
     def fetch_raw(sm, raw, src, head, row0, n, d):
         tid = U(cuda.threadIdx.x)
+        # copy u of thread tid: row tid // (columns / 4) + u threads / (columns / 4), column
+        # 4 (tid % (columns / 4)), the same column in every copy
+        r_t, c = tid // U(columns // 4), (tid % U(columns // 4)) * U(4)
+        c_ok = c < d
         for u in range(COPIES):
-            i = tid + U(u * threads)
-            r, c = i // U(RAW_COLUMNS // 4), (i % U(RAW_COLUMNS // 4)) * U(4)
-            ok = row0 + r < n and c < d
-            copy16(sm, raw + r * U(RAW_STRIDE) + c, src, head, row0 + r if ok else U(0),
+            r = r_t + U(u * threads // (columns // 4))
+            ok = row0 + r < n and c_ok
+            copy16(sm, raw + r * U(STRIDE) + c, src, head, row0 + r if ok else U(0),
                    c if ok else U(0), U(16) if ok else U(0))
         copies_commit()
 
     return fetch_raw
 
 
-def make_stage_raw(transposed, permuted=False, chain_permuted=False, loads=LOADS):
+def make_stage_raw(transposed, permuted=False, chain_permuted=False, loads=LOADS,
+                   columns=RAW_COLUMNS):
     """stage_raw(sm, at, raw, col0): make_stage's stage (per_warpgroup, mult 1) of the raw
-    block at sm[raw] (make_fetch_raw), its columns col0..col0 + 63: the same tile bit for bit
-    (the raw block holds zeros where stage reads none), from shared memory."""
+    block of `columns` at sm[raw] (make_fetch_raw), its columns col0..col0 + 63: the same tile
+    bit for bit (the raw block holds zeros where stage reads none), from shared memory."""
     coords, _, put, position = _tile_access(transposed, permuted, True, chain_permuted, loads)
+    STRIDE = raw_stride(columns)
 
     @cuda.jit(device=True)
     def stage_raw(sm, at, raw, col0):
@@ -224,7 +241,7 @@ def make_stage_raw(transposed, permuted=False, chain_permuted=False, loads=LOADS
         for b in range(PER_THREAD // loads):
             for u in range(loads):
                 r, c = position(b * loads + u, r_t, c_t)
-                vals[u] = sm[raw + r * U(RAW_STRIDE) + col0 + c]
+                vals[u] = sm[raw + r * U(STRIDE) + col0 + c]
             put(sm, at, vals, b * loads)
 
     return stage_raw
