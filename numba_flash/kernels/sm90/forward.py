@@ -4,7 +4,8 @@ warpgroup (128 threads) per 64 query rows, K/V blocks of 64 keys.
     d <= 64:        make_lean_kernel, one warpgroup per block of 64 rows (64 x 64 tiles);
                     96 KiB of shared memory (scale Q, K, V^T staged), two blocks per SM;
                     the next K/V block's K loaded into registers while this block's
-                    softmax and P V run.
+                    softmax and P V run, its V copied by cp.async into a raw block (17 KiB
+                    more, where v is 16-byte aligned).
     64 < d <= 128:  make_wide_kernel, two warpgroups per block of 128 rows against shared K/V
                     tiles (128 x 64 tiles), the head dim in two halves of 64; the next
                     K/V block copied into shared memory by cp.async while this one is
