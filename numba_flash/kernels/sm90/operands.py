@@ -200,25 +200,34 @@ def raw_floats(columns=RAW_COLUMNS):
 RAW_FLOATS = raw_floats()
 
 
-def make_fetch_raw(threads, columns=RAW_COLUMNS):
+def make_fetch_raw(threads, columns=RAW_COLUMNS, column_once=False):
     """fetch_raw(sm, raw, src, head, row0, n, d): src[head, row0 : row0 + 64, :columns] into
     the raw block at sm[raw] by cp.async (16 bytes a copy, 64 * columns / 4 / threads a
     thread; zeros past row n and column d, where d % 4 == 0), committed as one group of the
     thread's: the caller waits for it (copies_wait), then a block barrier, before reading it.
-    Needs src's data and rows 16-byte aligned (vector_io.aligned)."""
+    Needs src's data and rows 16-byte aligned (vector_io.aligned).
+    Copy u of thread tid is the 4 columns at 4 (i % (columns / 4)), row i // (columns / 4),
+    of i = tid + u threads: the same column in every copy. column_once: that column and its
+    bound check formed once, not per copy (the same copies; only ptxas's allocation differs):
+    the lean forward's form (its timed kernel); the wide forward ran 0.97-1.05x with it (d =
+    128, H100, 2026-12-07: allocation, not work), so it keeps the per-copy form."""
     COPIES = RAW_ROWS * columns // 4 // threads
     STRIDE = raw_stride(columns)
+    PER_ROW = columns // 4          # copies a row
 
     @cuda.jit(device=True)
     def fetch_raw(sm, raw, src, head, row0, n, d):
         tid = U(cuda.threadIdx.x)
-        # copy u of thread tid: row tid // (columns / 4) + u threads / (columns / 4), column
-        # 4 (tid % (columns / 4)), the same column in every copy
-        r_t, c = tid // U(columns // 4), (tid % U(columns // 4)) * U(4)
-        c_ok = c < d
+        r_t, c_t = tid // U(PER_ROW), (tid % U(PER_ROW)) * U(4)
+        c_ok = c_t < d
         for u in range(COPIES):
-            r = r_t + U(u * threads // (columns // 4))
-            ok = row0 + r < n and c_ok
+            if column_once:
+                r, c = r_t + U(u * threads // PER_ROW), c_t
+                ok = row0 + r < n and c_ok
+            else:
+                i = tid + U(u * threads)
+                r, c = i // U(PER_ROW), (i % U(PER_ROW)) * U(4)
+                ok = row0 + r < n and c < d
             copy16(sm, raw + r * U(STRIDE) + c, src, head, row0 + r if ok else U(0),
                    c if ok else U(0), U(16) if ok else U(0))
         copies_commit()
