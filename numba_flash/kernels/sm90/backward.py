@@ -189,8 +189,8 @@ def make_sdp_elements(views, vector=False):
     which (GPU time at d = 64 against the unpermuted kernels, H100, 2026-12-07): the causal
     kernel with dQ the views and 8-byte pairs (1.03x forward+backward); the unmasked one with
     dQ the per-step form, 4-byte (1.003-1.006x; with the views and pairs it spilled 8 bytes
-    and ran 0.97-0.98x); the deterministic path's (no dQ) the per-step form, 8-byte pairs
-    under causal masking (with views its causal one spilled, 40 -> 64 bytes of stack)."""
+    and ran 0.97-0.98x); the deterministic path's (no dQ) the per-step form, 4-byte (with
+    8-byte pairs its causal one ran 0.97-0.98x; with views it spilled, 40 -> 64 bytes)."""
     elements = make_global_fragment(False, split=False, vector=vector, step_permuted=True)
     if views:
         def rows(src, bh, i0, i1):
@@ -224,8 +224,8 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     dQ^T's A rows paired (transposed_fragment_paired_permuted), its entries e and e + 2 two
     adjacent columns of a dq row. vector_atomics: dQ added by add_dq_pairs, one vector atomic
     per two columns (d even, dq's rows 8-byte aligned: run_backward's AlignedDispatch checks),
-    else add_dq_pairs_by_element. vector_loads: S's and dP's A pairs (under causal masking:
-    make_sdp_elements says why) and dV's and dK's A (dO^T, Q^T, as pairs of adjacent head-dim
+    else add_dq_pairs_by_element. vector_loads: S's and dP's A pairs (the causal kernel with
+    dQ: make_sdp_elements says why) and dV's and dK's A (dO^T, Q^T, as pairs of adjacent head-dim
     columns) read 8 bytes at a time (q, dout 16-byte aligned, d % 4 == 0: the dispatch).
     dq_out=False: dQ is neither formed nor added (the deterministic path's dK/dV kernel; dq is
     not read).
@@ -236,7 +236,7 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     # K's tile step-permuted: dQ^T's A rows read where they are, paired
     dq_fragment = transposed_fragment_paired_permuted
     add_dq_acc = add_dq_pairs if vector_atomics else add_dq_pairs_by_element
-    rows, step_elements = make_sdp_elements(causal and dq_out, vector_loads and causal)
+    rows, step_elements = make_sdp_elements(causal and dq_out, vector_loads and causal and dq_out)
     step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
     recompute_p = make_recompute_p(float32, causal, select=True)
