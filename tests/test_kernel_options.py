@@ -54,6 +54,10 @@ def test_vector_loads_reject_misaligned_arrays():
     wide = flat[:-1].reshape(2, 16, 8)
     assert not aligned(wide[:, :, :6]) and not aligned(wide[:, :, ::2])
     assert aligned(wide[:, :, 4:])                                           # 16 bytes in
+    # heads 37 floats apart (not a multiple of 16 bytes): row 0 of head 1 is 4 bytes off
+    def heads(apart):
+        return np.lib.stride_tricks.as_strided(flat, (2, 4, 8), (apart * 4, 8 * 4, 4))
+    assert not aligned(heads(37)) and aligned(heads(40))
     # a GPU array as Numba's DeviceNDArray presents it: the interface, shape, strides, dtype and
     # no .itemsize (checking a.itemsize broke every 16-bit launch on the GPU, not the simulator)
     class DeviceView:

@@ -18,7 +18,8 @@ WORD ...: keep only the kernels whose label contains every WORD (e.g. `sm90 wide
 launchers the pairs call (so a variant this file does not name is not compiled):
 
     sm90 (the "wgmma" pair, float32):
-      forward   lean (d <= 64) and wide (64 < d <= 128, vector and scalar loads), causal both;
+      forward   lean (d <= 64) and wide (64 < d <= 128), vector (K/V by cp.async) and scalar
+                loads, causal both;
       backward  the dK/dV(/dQ) kernel, lean and wide, vector and scalar, dq_out True (dQ by
                 atomics) and False (the deterministic path's), causal both;
       dq        the deterministic dQ pass, lean and wide (vector and scalar loads), causal both;

@@ -55,17 +55,18 @@ def data_pointer(a):
 
 
 def aligned(*arrays):
-    """True when every array allows 16-byte accesses along its rows: data pointer and row
-    stride multiples of 16 bytes (CUDA allocations are; a view into one may not be), and each
-    row contiguous and a whole number of 16 bytes long (so a 16-byte access at a multiple of
-    16 bytes never reaches past the row's last element: a view d < its parent's width fails)."""
+    """True when every array allows 16-byte accesses along its rows: data pointer and every
+    stride but the last (rows, heads, batches) multiples of 16 bytes (CUDA allocations are; a
+    view into one may not be), and each row contiguous and a whole number of 16 bytes long (so
+    a 16-byte access at a multiple of 16 bytes never reaches past the row's last element: a
+    view d < its parent's width fails)."""
     for a in arrays:
         if data_pointer(a) % ALIGN_BYTES:
             return False
         last = a.ndim - 1       # (the simulator's shapes take no negative index)
         item = a.dtype.itemsize  # (Numba's DeviceNDArray has no .itemsize of its own)
-        if last >= 1 and (a.strides[last - 1] % ALIGN_BYTES or a.strides[last] != item
-                          or a.shape[last] * item % ALIGN_BYTES):
+        if last >= 1 and (any(a.strides[i] % ALIGN_BYTES for i in range(last))
+                          or a.strides[last] != item or a.shape[last] * item % ALIGN_BYTES):
             return False
     return True
 

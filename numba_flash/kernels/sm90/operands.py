@@ -214,6 +214,8 @@ def make_fetch_raw(threads, columns=RAW_COLUMNS, column_once=False):
     COPIES = RAW_ROWS * columns // 4 // threads
     STRIDE = raw_stride(columns)
     PER_ROW = columns // 4          # copies a row
+    # (every thread the same count of copies; column_once: a whole number of rows a round)
+    assert COPIES * threads == RAW_ROWS * PER_ROW and threads % PER_ROW == 0
 
     @cuda.jit(device=True)
     def fetch_raw(sm, raw, src, head, row0, n, d):
