@@ -193,3 +193,30 @@ def test_gpu_run_stops_a_stage_and_its_children_at_its_time(tmp_path):
         time.sleep(0.1)
     assert not alive(pid)
     assert "[stopped after 3 s]" in (tmp_path / "log.txt").read_text()
+
+
+def test_tree_ab_packs_two_commits_and_compares_their_runs(tmp_path):
+    import json
+    import tarfile
+    tree_ab = _tool("tree_ab")
+    paths = tree_ab.pack("HEAD", "HEAD~1", str(tmp_path), git=("git", "-C", ROOT))
+    assert [os.path.basename(p) for p in paths] == ["ab-base.tar", "ab-new.tar"]
+    with tarfile.open(paths[1]) as tar:
+        assert "tools/gpu_time.py" in tar.getnames()
+    ran = []
+
+    def call(argv, cwd, env, stdout, stderr):       # gpu_time.py in each tree: ms 2.0, then 1.6
+        ran.append((cwd, env["PYTHONPATH"].split(os.pathsep)[0], argv[1:]))
+        ms = 2.0 if len(ran) == 1 else 1.6
+        row = dict(d=64, N=1024, causal=False, dtype="float32", mode="fwd", ours_ms=ms,
+                   ours_tflops=1.0, peer_ms=3.0, peer_tflops=1.0)
+        with open(argv[-1], "w") as f:
+            json.dump(dict(kernel="wgmma", peer="efficient", device="H", date="now",
+                           deterministic=False, rows=[row]), f)
+        return 0
+    lines = tree_ab.run(["--mode", "fwd"], str(tmp_path / "out"), str(tmp_path), call=call)
+    assert [r[0] == r[1] for r in ran] == [True, True]          # each tree imports its own
+    assert ran[0][2][:3] == [os.path.join("tools", "gpu_time.py"), "--mode", "fwd"]
+    assert "(1.250x)" in lines[-1] and "1.88" in lines[-1]
+    assert tree_ab.run([], str(tmp_path / "o2"), str(tmp_path),
+                       call=lambda *a, **k: 3)[0].startswith("base: gpu_time.py exited 3")
