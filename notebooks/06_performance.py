@@ -405,7 +405,14 @@ TODAY = {"06:20": "bench-prefetch-f32-h100-2026-12-06.json",
          "09:03": "bench-bwd-f32-h100-2026-12-06.json",
          "11:25": "bench-split-f32-h100-2026-12-06.json",
          "14:32": "bench-rows-t2-f32-h100-2026-12-06.json"}
-today = {when: json.loads(data_file(name).read_text()) for when, name in TODAY.items()}
+
+
+def runs_of(files):
+    """{time: bench run} of {time: file in notebooks/data}."""
+    return {when: json.loads(data_file(name).read_text()) for when, name in files.items()}
+
+
+today = runs_of(TODAY)
 
 
 def over_efficient(run, mode, d, causal):
@@ -443,8 +450,8 @@ def ratio_panels(runs, ratio, label, dtype, targets, ylabel, name, extra=None):
                      for mode in ("fwd", "fwd+bwd")})
 
 
-ratio_panels(today, over_efficient, "wgmma", "f32",
-             {"fwd": (1.0, "issue 25's 1.0x"), "fwd+bwd": (1.5, "issue 25's 1.5x")},
+F32_TARGET = {"fwd": (1.0, "issue 25's 1.0x"), "fwd+bwd": (1.5, "issue 25's 1.5x")}
+ratio_panels(today, over_efficient, "wgmma", "f32", F32_TARGET,
              "wgmma / torch efficient", "float32_h100_today")
 
 # %% [markdown]
@@ -456,7 +463,7 @@ ratio_panels(today, over_efficient, "wgmma", "f32",
 HALF_TODAY = {"04:21": "bench-launch-bf16-h100-2026-12-06.json",
               "15:51": "bench-main-bf16-h100-2026-12-06.json",
               "16:22": "bench-main2-bf16-h100-2026-12-06.json"}
-half_today = {when: json.loads(data_file(name).read_text()) for when, name in HALF_TODAY.items()}
+half_today = runs_of(HALF_TODAY)
 
 
 def over_fa2(run, mode, d, causal, impl=OURS16):
@@ -486,7 +493,7 @@ ratio_panels(half_today, over_fa2, "wgmma16", "bf16", FA2_TARGET,
 # %%
 PLANS = {"17:28": "bench-plans-bf16-h100-2026-12-06.json",
          "17:44": "bench-plans2-bf16-h100-2026-12-06.json"}
-plans = {when: json.loads(data_file(name).read_text()) for when, name in PLANS.items()}
+plans = runs_of(PLANS)
 ratio_panels(plans, over_fa2, "wgmma16 with plans", "bf16", FA2_TARGET,
              "TFLOP/s / FlashAttention-2's", "bfloat16_h100_plans",
              extra=cudnn_line("17:44", plans["17:44"]))
@@ -499,13 +506,12 @@ ratio_panels(plans, over_fa2, "wgmma16 with plans", "bf16", FA2_TARGET,
 
 # %%
 DEC7 = {"02:26": "bench-f32-h100-2026-12-07.json", "03:16": "bench-rawv-f32-h100-2026-12-07.json"}
-dec7 = {when: json.loads(data_file(name).read_text()) for when, name in DEC7.items()}
-ratio_panels(dec7, over_efficient, "wgmma", "f32",
-             {"fwd": (1.0, "issue 25's 1.0x"), "fwd+bwd": (1.5, "issue 25's 1.5x")},
+dec7 = runs_of(DEC7)
+ratio_panels(dec7, over_efficient, "wgmma", "f32", F32_TARGET,
              "wgmma / torch efficient", "float32_h100_dec7")
 HALF_DEC7 = {"fp16 02:25": "bench-f16-h100-2026-12-07.json",
              "bf16 02:23": "bench-bf16-h100-2026-12-07.json"}
-half_dec7 = {when: json.loads(data_file(name).read_text()) for when, name in HALF_DEC7.items()}
+half_dec7 = runs_of(HALF_DEC7)
 ratio_panels(half_dec7, over_fa2, "wgmma16", "fp16 / bf16", FA2_TARGET,
              "TFLOP/s / FlashAttention-2's", "half_h100_dec7",
              extra=cudnn_line("fp16 02:25", half_dec7["fp16 02:25"]))
