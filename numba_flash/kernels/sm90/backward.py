@@ -184,14 +184,15 @@ def make_sdp_elements(views, vector=False):
     rows(src, bh, i0, i1) once a Q block, then step_elements(row0, row1, src, bh, m0, valid0,
     valid1, s, d, warp, lane) a step. views: from two 1-D row views indexed by column
     (operands.row_views: the S/dP step 233 -> 203 SASS instructions), else from (head, row,
-    column) at every step. Both are step-permuted (make_global_fragment's step_permuted, as
-    the K and V tiles are staged); vector: each row's pair one 8-byte load. Which kernel takes
+    column) at every step, element by element. Both are step-permuted (make_global_fragment's
+    step_permuted, as the K and V tiles are staged); vector (views): each row's pair one 8-byte
+    load (per step, 8-byte pairs spilled and ran slower, below). Which kernel takes
     which (GPU time at d = 64 against the unpermuted kernels, H100, 2026-12-07): the causal
     kernel with dQ the views and 8-byte pairs (1.03x forward+backward); the unmasked one with
     dQ the per-step form, 4-byte (1.003-1.006x; with the views and pairs it spilled 8 bytes
     and ran 0.97-0.98x); the deterministic path's (no dQ) the per-step form, 4-byte (with
     8-byte pairs its causal one ran 0.97-0.98x; with views it spilled, 40 -> 64 bytes)."""
-    elements = make_global_fragment(False, split=False, vector=vector, step_permuted=True)
+    elements = make_global_fragment(False, split=False, step_permuted=True)
     if views:
         def rows(src, bh, i0, i1):
             return row_views(src, bh, i0, i1)

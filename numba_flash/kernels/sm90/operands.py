@@ -316,10 +316,10 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False,
     step_permuted (not transposed): X's contraction permuted within each step as
     make_stage(permuted=True) stages a B tile (contraction index t + 4 e holds column 2 t + e):
     the thread's elements X[r, c], X[r + 8, c], X[r, c + 1], X[r + 8, c + 1], c = 8 s + 2 t,
-    a pair of adjacent columns a row (vector: one 8-byte load each)."""
+    a pair of adjacent columns a row (read as 8-byte pairs from row views:
+    make_row_elements_permuted)."""
     PAIRED, VECTOR = paired and transposed, vector and paired and transposed
     PERMUTED = step_permuted and not transposed
-    VECTOR_ROWS = vector and PERMUTED
     zeros2 = (float32(0.0), float32(0.0))
 
     @device_function
@@ -367,21 +367,15 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False,
                     element(src, head, row0, r, c + U(4), one, n, d),
                     element(src, head, row0, r + U(1), c + U(4), one, n, d))
         r = warp * U(16) + lane // U(4)
-        if PERMUTED:
+        if PERMUTED:        # (step_permuted) the k entries t, t + 4: columns 2 t, 2 t + 1
             c = U(STEP * s) + U(2) * (lane % U(4))
-            if VECTOR_ROWS:     # d % 4 == 0, c even: both columns inside or both out
-                lo = load2(src, head, row0 + r, c) if row0 + r < n and c < d else zeros2
-                hi = (load2(src, head, row0 + r + U(8), c) if row0 + r + U(8) < n and c < d
-                      else zeros2)
-                return lo[0], hi[0], lo[1], hi[1]
-            return (element(src, head, row0, r, c, one, n, d),
-                    element(src, head, row0, r + U(8), c, one, n, d),
-                    element(src, head, row0, r, c + U(1), one, n, d),
-                    element(src, head, row0, r + U(8), c + U(1), one, n, d))
+            c4 = c + U(1)
+        else:
+            c4 = c + U(4)
         return (element(src, head, row0, r, c, one, n, d),
                 element(src, head, row0, r + U(8), c, one, n, d),
-                element(src, head, row0, r, c + U(4), one, n, d),
-                element(src, head, row0, r + U(8), c + U(4), one, n, d))
+                element(src, head, row0, r, c4, one, n, d),
+                element(src, head, row0, r + U(8), c4, one, n, d))
     return global_fragment if split else global_elements
 
 
