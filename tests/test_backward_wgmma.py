@@ -92,9 +92,10 @@ def test_vector_dkdv_kernels_give_the_scalar_kernels_bits(case):
                                        80, 8, causal=True)),
                          ids=lambda c: c.name)
 def test_lean_kernel_with_dq_vector_twin_gives_the_scalar_twins_bits(case):
-    """The lean kernel with dQ reads S's and dP's step-permuted A pairs from Q's and dO's row
-    views 8 bytes at a time (vector_io.load2_row) and adds dQ by vector atomics, where its
-    scalar twin reads and adds element by element: the same dq, dk and dv, bit for bit (the
+    """The lean kernel with dQ adds dQ by vector atomics and, under causal masking, reads S's
+    and dP's step-permuted A pairs from Q's and dO's row views 8 bytes at a time
+    (vector_io.load2_row), where its scalar twin reads and adds element by element (the
+    unmasked vector kernel reads them per step too): the same dq, dk and dv, bit for bit (the
     simulator adds in the grid's order either way), rows past Nq of dq left alone."""
     from numba_flash.kernels.support import head_grid
     from numba_flash.kernels.vector_io import aligned
