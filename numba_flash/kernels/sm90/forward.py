@@ -368,35 +368,32 @@ def make_wide_kernel(causal, vector_loads, half=False):
                 fetch_raw(sm, U(WIDE_RAW_AT), k, kv, n0 + uBN, nk, d)
                 fetch_raw(sm, U(WIDE_RAW_AT + RAW_FLOATS), v, kv, n0 + uBN, nk, d)
             # under causal masking a block past this warpgroup's last row (row0 + 63) is
-            # only staged (for the other warpgroup)
-            if causal and n0 + nq > row0 + U(BLOCK - 1) + nk:
-                n0 += uBN
-                more = n0 < n_end
-                continue
+            # only staged (for the other warpgroup): one back edge (a `continue` past the
+            # products made ptxas spill 192 bytes in the loop, against 20 without it)
+            if not causal or n0 + nq <= row0 + U(BLOCK - 1) + nk:
+                # S = (scale Q) K^T, as sm90.backward's wide kernel forms it
+                clear(s_acc)
+                # Q's rows re-read from L1 / L2 here: without opaque_zero LLVM hoists all 64
+                # loads out of the loop and ptxas spills (255 registers, 208-296 bytes of stack)
+                q_row0 = row0 + opaque_zero()
+                s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 0, x, a_big, a_small,
+                        scratch)
+                s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 1, x, a_big, a_small,
+                        scratch)
+                s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 2, x, a_big, a_small,
+                        scratch)
+                s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, x, a_big, a_small,
+                        scratch)
 
-            # S = (scale Q) K^T, as sm90.backward's wide kernel forms it
-            clear(s_acc)
-            # Q's rows re-read from L1 / L2 here: without opaque_zero LLVM hoists all 64 loads
-            # out of the loop and ptxas spills (255 registers, 208-296 bytes of stack)
-            q_row0 = row0 + opaque_zero()
-            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 0, x, a_big, a_small,
-                    scratch)
-            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 1, x, a_big, a_small,
-                    scratch)
-            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 2, x, a_big, a_small,
-                    scratch)
-            s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, x, a_big, a_small,
-                    scratch)
+                online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, True, n0, i0, i1, col_t, nq,
+                               nk)
+                for j in range(REGS):
+                    o0[j] *= alpha[(j % 4) // 2]
+                    o1[j] *= alpha[(j % 4) // 2]
 
-            online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, True, n0, i0, i1, col_t, nq,
-                           nk)
-            for j in range(REGS):
-                o0[j] *= alpha[(j % 4) // 2]
-                o1[j] *= alpha[(j % 4) // 2]
-
-            # O += P V
-            pv_chain(sm, o0, o1, s_acc, a_big, a_small, 0, scratch)
-            pv_chain(sm, o0, o1, s_acc, a_big, a_small, CHAIN, scratch)
+                # O += P V
+                pv_chain(sm, o0, o1, s_acc, a_big, a_small, 0, scratch)
+                pv_chain(sm, o0, o1, s_acc, a_big, a_small, CHAIN, scratch)
             n0 += uBN
             if n0 >= n_end:
                 n0 = U(0)
