@@ -225,7 +225,9 @@ def make_lean_kernel(causal, half=False, raw_v=False):
             if n1 < n_end:      # the next block's K: its loads fly during the softmax and P V
                 fetch_k(k_next, k, kv, n1, U(0), d)
 
-            online_softmax(sm, U(SCRATCH_AT), s_acc, m, l, m_safe, alpha, True, n0, i0, i1,
+            # every key visible to every row of the block: no masking (most blocks)
+            masked = n1 > nk or (causal and n1 - U(1) + nq > row0 + nk)
+            online_softmax(sm, U(SCRATCH_AT), s_acc, m, l, m_safe, alpha, masked, n0, i0, i1,
                            col_t, nq, nk)
             for j in range(REGS):
                 o_acc[j] *= alpha[(j % 4) // 2]
@@ -385,8 +387,10 @@ def make_wide_kernel(causal, vector_loads, half=False):
                 s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 3, x, a_big, a_small,
                         scratch)
 
-                online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, True, n0, i0, i1, col_t, nq,
-                               nk)
+                # every key visible to every row of the warpgroup: no masking (most blocks)
+                masked = n0 + uBN > nk or (causal and n0 + U(BLOCK - 1) + nq > row0 + nk)
+                online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1,
+                               col_t, nq, nk)
                 for j in range(REGS):
                     o0[j] *= alpha[(j % 4) // 2]
                     o1[j] *= alpha[(j % 4) // 2]
