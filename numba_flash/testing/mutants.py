@@ -3,9 +3,10 @@
 Each mutant names the kernel module, the exact line fragment it changes and what it becomes,
 and the registered pair it is a mutant of; `registered(name)` compiles the edited module (and
 `via`, the module that imports from it and gives the pair's part, against the edited one) and
-registers a copy of the pair with that part replaced, for the duration of a `with` block. The property suite must catch every mutant
-(tests/test_mutants.py), which is the evidence that it has teeth. A mutant whose fragment no
-longer occurs in the source fails loudly, so a refactor cannot silently disarm it.
+registers a copy of the pair with that part replaced, for the duration of a `with` block. The
+property suite must catch every mutant (tests/test_mutants.py), which is the evidence that it
+has teeth. A mutant whose fragment no longer occurs in the source fails loudly, so a refactor
+cannot silently disarm it.
 """
 
 import contextlib
@@ -90,6 +91,13 @@ MUTANTS = {m.name: m for m in (
     Mutant("O not rescaled (wgmma)", "forward", "sm90.forward",
            "o_acc[j] *= alpha[(j % 4) // 2]", "o_acc[j] *= float32(1.0)", _R, "wgmma",
            size="simulator-blocks", regimes=("rising keys",)),
+    # the blocks the float32 forward leaves unmasked (every key visible to every row)
+    Mutant("every block left unmasked (wgmma)", "forward", "sm90.forward",
+           "masked = n1 > nk or (causal and n1 - U(1) + nq > row0 + nk)", "masked = False",
+           _R, "wgmma"),
+    Mutant("every block left unmasked (wgmma, d > 64)", "forward", "sm90.forward",
+           "masked = n0 + uBN > nk or (causal and n0 + U(BLOCK - 1) + nq > row0 + nk)",
+           "masked = False", _R, "wgmma", size="simulator-wide"),
     Mutant("D left out of dS (wgmma)", "backward", "sm90.backward",
            "dp_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))", "dp_acc[j] = p * dp_acc[j]",
            _B, "wgmma"),
@@ -102,10 +110,10 @@ MUTANTS = {m.name: m for m in (
            "stage = make_stage(False, per_warpgroup=True, chain_permuted=False)", _B, "wgmma",
            size="simulator-wide"),
     # the 16-bit pair (sm90.forward16): S scaled in the exponent, the lazy reference max, P
-    # packed two keys to a register, O rescaled in the tensor core's accumulator; and what a careless half kernel
-    # does, holding S or O in float16 (wgmma's .f16 accumulators: S past 65504 is inf, the
-    # unnormalized O sums up to Nk values of |v|), edited into the simulator's model of the
-    # products (wgmma16.py)
+    # packed two keys to a register, O rescaled in the tensor core's accumulator; and what a
+    # careless half kernel does, holding S or O in float16 (wgmma's .f16 accumulators: S past
+    # 65504 is inf, the unnormalized O sums up to Nk values of |v|), edited into the
+    # simulator's model of the products (wgmma16.py)
     Mutant("S not scaled in the exponent (wgmma16)", "forward", "sm90.softmax",
            "p = exp2_approx(s_acc[j] * c - m_safe[h])", "p = exp2_approx(s_acc[j] - m_safe[h])",
            _R, "wgmma16", via="sm90.forward16"),

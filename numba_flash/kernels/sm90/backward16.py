@@ -507,9 +507,10 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     """The 16-bit backward (registry contract, with the inputs as stored): dout, q, k, v, out
     (B*H or B*Hk, N, d) uint16 device arrays of `fmt` patterns, lse (B*H, Nq) float32; dq
     float32, dk, dv uint16 (`fmt` patterns) device arrays, written. The preprocess (D, dq
-    zeroed), then the dK/dV kernel adding dQ with atomics, on `stream`; its products on `products` ("wgmma" or "mma", as
-    make_dkdv_kernel), its blocks fixed (block_m, block_n are the widened backward's).
-    deterministic=True: run_widened (no atomics; this kernel has no dQ pass yet)."""
+    zeroed), then the dK/dV kernel adding dQ with atomics, on `stream`; its products on
+    `products` ("wgmma" or "mma", as make_dkdv_kernel), its blocks fixed (block_m, block_n
+    are the widened backward's). deterministic=True: run_widened (no atomics; this kernel
+    has no dQ pass yet)."""
     from ... import arrays
     check_widened_tiles(block_m, block_n, q.shape[2], products, deterministic)
     if deterministic:
