@@ -1,7 +1,7 @@
 """What odd input gets: the right answer or a clear error before any launch (issue 22).
 
 Scales that do not survive the dtype, array-likes, lengths past 32 bits, more heads than a grid
-dimension holds, two threads at once."""
+dimension holds, two threads at once; the order causal blocks take."""
 
 import threading
 
@@ -12,6 +12,7 @@ import reference as ref
 from numba_flash import flash_attention_backward, flash_attention_forward, registry
 from numba_flash.kernels import support
 from numba_flash.testing import check_backward, check_forward
+from numba import cuda  # noqa: I001 (after numba_flash, which picks the simulator without a GPU)
 
 
 def qkv(shape=(1, 2, 5, 4), dtype=np.float32, seed=0):
@@ -103,6 +104,38 @@ def test_head_grid_covers_every_head_count_up_to_the_limit():
     for n in (1, 2, 65535, 65536, 70000, 131072, 2**31 - 1):
         y, z = support.head_grid(n)
         assert y <= 65535 and z <= 65535 and y * z >= n and y * (z - 1) < n
+
+
+@pytest.mark.parametrize("chunk", (1, 3))
+@pytest.mark.parametrize("blocks, heads", ((1, 3), (5, 1), (5, 3), (8, 3)))
+def test_causal_block_order_takes_every_block_once_heaviest_first(monkeypatch, blocks, heads,
+                                                                 chunk):
+    # support.make_block_order on a grid (blocks, head_grid(heads)) whose heads spill into z
+    # (GRID_Y_LIMIT 2): every (query block, head) once, the blocks past the last head told
+    # so, and in launch order the ranks (0 the last query block, the heaviest) rising chunk
+    # by chunk: with chunks of 1, every head's last query block, then every head's one
+    # before it, and so on
+    monkeypatch.setattr(support, "GRID_Y_LIMIT", 2)
+    monkeypatch.setattr(support, "CAUSAL_CHUNK", chunk)
+    order = support.make_block_order(True)
+
+    @cuda.jit
+    def probe(n_heads, xs, hs):
+        x, head = order(n_heads)
+        i = cuda.blockIdx.x + cuda.gridDim.x * (cuda.blockIdx.y + cuda.blockIdx.z * cuda.gridDim.y)
+        xs[i] = x
+        hs[i] = head
+
+    y, z = support.head_grid(heads)
+    xs, hs = np.zeros(blocks * y * z, np.int64), np.zeros(blocks * y * z, np.int64)
+    probe[(blocks, y, z), 1](heads, xs, hs)
+    seen = [(x, h) for x, h in zip(xs, hs) if h < heads]
+    assert sorted(seen) == [(x, h) for x in range(blocks) for h in range(heads)]
+    assert sum(hs >= heads) == blocks * (y * z - heads)
+    ranks = [blocks - 1 - x for x, _ in seen]
+    assert all(a // chunk <= b // chunk for a, b in zip(ranks, ranks[1:]))
+    if chunk == 1:
+        assert seen == [(x, h) for x in reversed(range(blocks)) for h in range(heads)]
 
 
 def in_threads(work, n):

@@ -34,7 +34,7 @@ from reference.precision import half_format
 
 from ..mma import split_tf32, split_tf32_nan_elsewhere
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index, inlined_device_function,
-                       kernel_jit, kv_head, query_block_first_heaviest)
+                       kernel_jit, kv_head, make_block_order)
 from ..vector_io import AlignedDispatch, make_copies_wait
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, PER_THREAD, RAW_FLOATS, REGS, TILE, add,
                        clear, make_fetch, make_fetch_raw, make_lean_s, make_stage,
@@ -267,10 +267,11 @@ def make_wide_kernel(causal, vector_loads, half=False):
     K's two halves, warpgroup 1 V^T's; each warpgroup reads its 64 rows of scale Q from global
     memory (L1 / L2) into chained A fragments per K/V block. S as four chained products with
     the contraction permuted (sm90.operands), P V as two per half of O.
-    Causal: the query blocks run heaviest first (support.query_block_first_heaviest), and a
-    warpgroup only stages the K/V blocks past its own last row (for the other warpgroup):
-    1.03-1.08x the kernel that computed them masked, ascending (gpu_time, H100, 2026-12-06;
-    the same reversal made the lean kernel 3-6 % slower at 4k-16k, so it has none). So such
+    Causal: the query blocks run heaviest first (every head's last, then every head's one
+    before it: support.make_block_order), and a warpgroup only stages the K/V blocks past its
+    own last row (for the other warpgroup): 1.03-1.08x the kernel that computed them masked,
+    ascending (gpu_time, H100, 2026-12-06; the same reversal, within each head, made the lean
+    kernel 3-6 % slower at 4k-16k, so it has none). So such
     a warpgroup no longer meets those keys' values: an inf in V there made its rows NaN (P = 0
     times inf), which the lean kernel still does, and standard attention does not.
     vector_loads: Q's runs of 8 columns read 16 bytes at a time, and K and V a block ahead:
@@ -287,6 +288,7 @@ def make_wide_kernel(causal, vector_loads, half=False):
     chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
     s_chain = make_wide_s(WIDE_K_T, vector_loads, half)
     online_softmax = make_online_softmax(causal)
+    block_order = make_block_order(causal)           # heaviest first, round the heads
     uBN = U(BLOCK)
 
     @inlined_device_function
@@ -302,7 +304,7 @@ def make_wide_kernel(causal, vector_loads, half=False):
     @kernel_jit(2 * WARPGROUP)
     def forward_wgmma_wide(q, k, v, out, lse, scale, heads, group):
         sm = cuda.shared.array(0, float32, alignment=ALIGN)
-        head = head_index()
+        x_block, head = block_order(q.shape[0])
         if head >= q.shape[0]:      # a block past the last head (support.head_grid)
             return
         bh = U(head)
@@ -311,7 +313,7 @@ def make_wide_kernel(causal, vector_loads, half=False):
         wg = tid // U(WARPGROUP)
         warp, lane = (tid // U(32)) % U(4), tid % U(32)
         scratch = U(WIDE_SCRATCH_AT) + wg * U(SCRATCH)
-        block0 = query_block_first_heaviest(causal) * U(BLOCK_M_WIDE)
+        block0 = x_block * U(BLOCK_M_WIDE)
         row0 = block0 + wg * U(BLOCK)               # this warpgroup's 64 query rows
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         g4, t4 = lane // U(4), lane % U(4)
