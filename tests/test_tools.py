@@ -220,3 +220,26 @@ def test_tree_ab_packs_two_commits_and_compares_their_runs(tmp_path):
     assert "(1.250x)" in lines[-1] and "1.88" in lines[-1]
     assert tree_ab.run([], str(tmp_path / "o2"), str(tmp_path),
                        call=lambda *a, **k: 3)[0].startswith("base: gpu_time.py exited 3")
+
+
+def test_block_schedule_orders_and_the_tail_they_leave():
+    schedule = _tool("block_schedule")
+    # a causal forward at n = 300, 128-row query blocks, 64-key blocks: 2, 4, 5 key blocks
+    assert schedule.forward_work(300) == [2, 4, 5]
+    assert schedule.backward_work(200) == [4, 3, 2, 1]
+    work = [5, 4, 2]                                        # heaviest first
+    assert schedule.launch_order(work, 2, "head by head") == [5, 4, 2, 5, 4, 2]
+    assert schedule.launch_order(work, 2, "round the heads") == [5, 5, 4, 4, 2, 2]
+    assert schedule.launch_order(work, 2, "round the heads", 2) == [5, 4, 5, 4, 2, 2]
+    with pytest.raises(ValueError, match="unknown order"):
+        schedule.launch_order(work, 2, "by size")
+    # two slots: 5 | 4, then 2 -> 4 + 2 = 6, 5 -> 5 + 5 = 10, 4 -> 6 + 4 = 10, 2 -> 12
+    assert schedule.makespan([5, 4, 2, 5, 4, 2], 2) == 12
+    assert schedule.makespan([5, 5, 4, 4, 2, 2], 2) == 11       # the even share
+    assert schedule.past_even_share([5, 5, 4, 4, 2, 2], 2) == 0
+    # the d = 128 grid (docs/experiments.md row 44): the forward's tail at 4k head by head
+    # 7.0 %, round the heads 0.4 %
+    rows = {(name, n): f for name, n, f in schedule.table(128, (4096,))}
+    forward = rows["forward", 4096]
+    assert 0.069 < forward["head by head"] < 0.071
+    assert 0.003 < forward["round the heads, chunks of 1"] < 0.005

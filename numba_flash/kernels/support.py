@@ -124,13 +124,14 @@ def query_block_first_heaviest(causal):
 # Under causal masking the query blocks of a grid differ in work (each sees the keys up to
 # its diagonal). Blocks start in launch order (x fastest, then the head), so with each head's
 # query blocks heaviest first (query_block_first_heaviest) the last heads' heaviest blocks
-# still start last and run alone in the grid's tail (a list schedule of the d = 128 causal
-# forward at N = 4k, 2048 blocks on 132 SMs, ends 7 % past the even share).
+# still start last and run alone in the grid's tail (tools/block_schedule.py's list
+# schedule: 7 % past the even share for the d = 128 causal forward at N = 1k and 4k).
 # make_block_order takes the launch order round the heads instead: CAUSAL_CHUNK query blocks
 # of one head, heaviest first, then the same of the next head, and so on. Measured (H100,
 # 2026-12-07, docs/experiments.md row 44): chunks of 1 (every head's heaviest block, then
-# every head's next) made the wide float32 forward 1.048 / 1.052x at causal 4k / 16k, d = 128.
-# The backward's K/V blocks taken so ran 0.92-0.99x (chunks of 4: 0.99x): the blocks of one
+# every head's next) made the wide float32 forward 1.002 / 1.048 / 1.052x at causal 1k / 4k
+# / 16k, d = 128 (not what the schedule says: its gain is not the tail's alone). The
+# backward's K/V blocks taken so ran 0.92-0.99x (chunks of 4: 0.99x): the blocks of one
 # head, side by side, share Q and dO in L2.
 CAUSAL_CHUNK = 1
 
