@@ -120,6 +120,16 @@
 # ahead of FlashAttention-2 at every point, forward 1.22–1.59× and forward+backward
 # 1.09–1.22× (bfloat16 in the same session 1.20–1.60× and 1.08–1.23×). Still an H100's figures.
 #
+# **Claim 8 (2026-12-07 05:35–06:20, on an H100)** (`tools/tree_ab.py`: two trees, each in its
+# own process, GPU time by `tools/gpu_time.py`; `gpu-time-{backedge,maskbound,landed,order}-*`;
+# the bench at 05:39, `bench-maskbound-f32-h100-2026-12-07.json`). Three forward changes, in
+# GPU time over the tree before each: the float32 forwards leave the K/V blocks that every row
+# sees unmasked (faster at all 12 points, 1.003–1.037×); the wide causal forward's skipped
+# blocks as one back edge (mixed alone, 0.98–1.02×); its query blocks round the heads
+# (1.048 / 1.052× at causal 4k / 16k, forward+backward 1.016 / 1.017×), while the backward's
+# K/V blocks taken so lost (0.92–0.99×). The bench after the first two: forward+backward
+# 1.51–1.61× at d = 64, short of 1.5× at the same three d = 128 points as claim 7.
+#
 # Ratios are of TFLOP/s in the same run (FLOPs counted as FlashAttention-2 counts them; the
 # backward as 2.5× the forward). How the figures are counted, the chip's ceilings and how the
 # kernels got here, run by run, are in [docs/performance.md](../docs/performance.md); the other
@@ -517,6 +527,54 @@ ratio_panels(half_dec7, over_fa2, "wgmma16", "fp16 / bf16", FA2_TARGET,
              extra=cudnn_line("fp16 02:25", half_dec7["fp16 02:25"]))
 
 # %% [markdown]
+# Claim 8: the 05:39 bench as claim 7's figure; then each A/B's speed-up in GPU time (base ms /
+# new ms; above 1: the change is faster) at the d = 128 points (and d = 64 where it ran).
+
+# %%
+DEC7B = {"05:39": "bench-maskbound-f32-h100-2026-12-07.json"}
+dec7b = runs_of(DEC7B)
+ratio_panels(dec7b, over_efficient, "wgmma", "f32", F32_TARGET,
+             "wgmma / torch efficient", "float32_h100_dec7b")
+AB = {  # label: (base file, new file) in notebooks/data
+    "one back edge, fwd": ("gpu-time-backedge-base-fwd", "gpu-time-backedge-new-fwd"),
+    "unmasked blocks, fwd": ("gpu-time-maskbound-base-fwd", "gpu-time-maskbound-new-fwd"),
+    "both, fwd+bwd": ("gpu-time-landed-base-fwdbwd", "gpu-time-landed-new-fwdbwd"),
+    "order, fwd": ("gpu-time-order-base-fwd", "gpu-time-order-new-fwd"),
+    "order fwd only, fwd+bwd": ("gpu-time-order-fwdonly-base-fwdbwd",
+                                "gpu-time-order-fwdonly-new-fwdbwd"),
+    "order fwd and bwd, fwd+bwd": ("gpu-time-order-base-fwdbwd",
+                                   "gpu-time-order-both-fwdbwd"),
+}
+
+
+def speedups(base, new):
+    """{(d, N, causal): base ms / new ms} of two tools/gpu_time.py JSON files' rows."""
+    rows = [{(r["d"], r["N"], r["causal"]): r["ours_ms"] for r in
+             json.loads(data_file(f"{name}-f32-h100-2026-12-07.json").read_text())["rows"]}
+            for name in (base, new)]
+    assert rows[0].keys() == rows[1].keys()
+    return {k: rows[0][k] / rows[1][k] for k in rows[0]}
+
+
+ab = {label: speedups(*files) for label, files in AB.items()}
+POINTS = [(128, n, c) for c in (False, True) for n in (1024, 4096, 16384)]
+fig, ax = plt.subplots(figsize=(13, 4))
+width = 0.8 / len(ab)
+for i, (label, x) in enumerate(ab.items()):
+    ax.bar([j + i * width for j in range(len(POINTS))], [x[p] for p in POINTS], width,
+           label=label)
+ax.axhline(1.0, color="k", lw=0.6)
+ax.set_xticks([j + 0.4 - width / 2 for j in range(len(POINTS))],
+              [f"{n // 1024}k{' causal' if c else ''}" for _, n, c in POINTS])
+ax.set_ylim(0.9, 1.07)
+ax.set_ylabel("GPU time, base / new")
+ax.set_title("float32 d = 128 on an H100, 2026-12-07: each change over the tree before it")
+ax.legend(fontsize=7, ncol=3)
+show(fig, "float32_h100_ab_dec7")
+for label, x in ab.items():
+    print(f"{label:28}", " ".join(f"{x[p]:.3f}" for p in POINTS))
+
+# %% [markdown]
 # Where claim 6 comes from: host µs of one call at a size where the host bounds the loop
 # (`tools/host_pieces.py`: B = 1, H = 2, N = 128, d = 64, causal, bf16, `wgmma16`), on the two
 # machines of the runs (their hosts differ: compare bars within a run).
@@ -654,6 +712,20 @@ fp16_fwd = [x for k, x in half7.items() if k[0].startswith("fp16") and k[1] == "
 assert 1.2 < min(fp16_fwd) and max(fp16_fwd) < 1.6, fp16_fwd
 assert sorted(cudnn_behind(half_dec7)) == [("bf16 02:23", "fwd", 64, False, 16384),
                                            ("fp16 02:25", "fwd", 64, False, 16384)]
+# claim 8: the 05:39 bench and the A/Bs of 05:35-06:20
+check_runs(dec7b, "float32", day="2026-12-07")
+f32b = {(mode, d, c, n): x for mode in ("fwd", "fwd+bwd") for d, c in PANELS
+        for n, x in over_efficient(dec7b["05:39"], mode, d, c).items()}
+assert min(x for k, x in f32b.items() if k[:2] == ("fwd+bwd", 64)) > 1.5
+short = sorted(k[2:] for k, x in f32b.items() if k[:2] == ("fwd+bwd", 128) and x < 1.5)
+assert short == [(False, 1024), (True, 4096), (True, 16384)], short
+assert all(x > 1 for x in ab["unmasked blocks, fwd"].values()), ab["unmasked blocks, fwd"]
+assert len(ab["unmasked blocks, fwd"]) == 12
+assert all(ab["order, fwd"][128, n, True] > 1.04 for n in (4096, 16384))
+assert all(ab["order fwd only, fwd+bwd"][128, n, True] > 1.01 for n in (4096, 16384))
+assert all(ab["order fwd and bwd, fwd+bwd"][128, n, True] < 0.98 for n in (1024, 4096))
+edge = ab["one back edge, fwd"].values()
+assert 0.97 < min(edge) and max(edge) < 1.03, edge
 # its host times: a replayed forward within 2x of SDPA's and under a third of the full call's
 for when, rows in host.items():
     assert rows["API forward"] < 2 * rows["torch flash SDPA (peer)"], (when, rows)
