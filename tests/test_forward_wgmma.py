@@ -25,9 +25,17 @@ def check_pair(case, backward=True):
 
 
 # simulator: 2 Q blocks x 3 K/V blocks (m grows across blocks: l and O rescaled), a partial
-# last block, causal with Nq > Nk (fully masked rows), large logits
+# last block, causal with Nq > Nk (fully masked rows), large logits; then the bounds of the
+# blocks the forwards leave unmasked (every key visible to every row): causal with Nq - Nk = 2
+# (a block whose last key only the first row's bound masks is off by one either way), and
+# Nk = 127 (a last block with one padding key), lean (d = 9) and wide (d = 68)
 @pytest.mark.parametrize("case", [Case("3 K/V blocks, causal, Nq > Nk", 1, 1, 1, 140, 130, 9,
-                                       causal=True, logit_scale=8.0)],
+                                       causal=True, logit_scale=8.0),
+                                  Case("causal, Nq - Nk = 2", 1, 1, 1, 130, 128, 9, causal=True),
+                                  Case("causal, Nq - Nk = 2, wide", 1, 1, 1, 130, 128, 68,
+                                       causal=True),
+                                  Case("Nk = 127", 1, 1, 1, 70, 127, 9),
+                                  Case("Nk = 127, wide", 1, 1, 1, 70, 127, 68)],
                          ids=lambda c: c.name)
 def test_wgmma_forward_several_blocks(case):
     check_pair(case, backward=False)

@@ -112,9 +112,8 @@ def test_causal_block_order_takes_every_block_once_heaviest_first(monkeypatch, b
                                                                  chunk):
     # support.make_block_order on a grid (blocks, head_grid(heads)) whose heads spill into z
     # (GRID_Y_LIMIT 2): every (query block, head) once, the blocks past the last head told
-    # so, and in launch order the ranks (0 the last query block, the heaviest) rising chunk
-    # by chunk: with chunks of 1, every head's last query block, then every head's one
-    # before it, and so on
+    # so, and in launch order: with chunks of 1, every head's last query block (the
+    # heaviest), then every head's one before it, and so on
     monkeypatch.setattr(support, "GRID_Y_LIMIT", 2)
     monkeypatch.setattr(support, "CAUSAL_CHUNK", chunk)
     order = support.make_block_order(True)
@@ -132,10 +131,10 @@ def test_causal_block_order_takes_every_block_once_heaviest_first(monkeypatch, b
     seen = [(x, h) for x, h in zip(xs, hs) if h < heads]
     assert sorted(seen) == [(x, h) for x in range(blocks) for h in range(heads)]
     assert sum(hs >= heads) == blocks * (y * z - heads)
-    ranks = [blocks - 1 - x for x, _ in seen]
-    assert all(a // chunk <= b // chunk for a, b in zip(ranks, ranks[1:]))
-    if chunk == 1:
-        assert seen == [(x, h) for x in reversed(range(blocks)) for h in range(heads)]
+    # chunk by chunk of ranks (0 the last query block), every head's in turn, in rank order
+    ranks = [(r, h) for c in range(0, blocks, chunk) for h in range(heads)
+             for r in range(c, min(c + chunk, blocks))]
+    assert seen == [(blocks - 1 - r, h) for r, h in ranks]
 
 
 def in_threads(work, n):

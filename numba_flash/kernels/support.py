@@ -142,8 +142,9 @@ def make_block_order(causal):
     returns). Unmasked: blockIdx.x and head_index(), the launch order. Causal: the linear
     launch index L = blockIdx.x + gridDim.x * head_index() taken as chunks of CAUSAL_CHUNK
     ranks, each chunk every head's in turn; rank 0 is the heaviest block, the last query
-    block: x = gridDim.x - 1 - rank. (gridDim.x * n_heads < 2^32: each block holds at least
-    one row of q.)"""
+    block: x = gridDim.x - 1 - rank. (L fits 32 bits for any q a GPU holds: gridDim.x *
+    n_heads <= (Nq / 128 + 1) n_heads reaches 2^32 only past 2^38 elements of q, and
+    head_grid's z adds padding heads, under 65535 of them, only past 65535 heads.)"""
     jit = cuda.jit(device=True) if SIMULATOR else cuda.jit(device=True, forceinline=True)
     if not causal:
         @jit

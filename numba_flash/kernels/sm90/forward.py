@@ -267,11 +267,12 @@ def make_wide_kernel(causal, vector_loads, half=False):
     K's two halves, warpgroup 1 V^T's; each warpgroup reads its 64 rows of scale Q from global
     memory (L1 / L2) into chained A fragments per K/V block. S as four chained products with
     the contraction permuted (sm90.operands), P V as two per half of O.
-    Causal: the query blocks run heaviest first (every head's last, then every head's one
-    before it: support.make_block_order), and a warpgroup only stages the K/V blocks past its
-    own last row (for the other warpgroup): 1.03-1.08x the kernel that computed them masked,
-    ascending (gpu_time, H100, 2026-12-06; the same reversal, within each head, made the lean
-    kernel 3-6 % slower at 4k-16k, so it has none). So such
+    Causal: a warpgroup only stages the K/V blocks past its own last row (for the other
+    warpgroup), and the query blocks run heaviest first: together, with each head's blocks
+    in turn, 1.03-1.08x the kernel that computed those blocks masked, ascending (gpu_time,
+    H100, 2026-12-06; that reversal made the lean kernel 3-6 % slower at 4k-16k, so it has
+    none); since 2026-12-07 every head's last query block first, then every head's one
+    before it (support.make_block_order: 1.048 / 1.052x at 4k / 16k). So such
     a warpgroup no longer meets those keys' values: an inf in V there made its rows NaN (P = 0
     times inf), which the lean kernel still does, and standard attention does not.
     vector_loads: Q's runs of 8 columns read 16 bytes at a time, and K and V a block ahead:
