@@ -132,7 +132,9 @@ def query_block_first_heaviest(causal):
 # every head's next) made the wide float32 forward 1.002 / 1.048 / 1.052x at causal 1k / 4k
 # / 16k, d = 128 (not what the schedule says: its gain is not the tail's alone). The
 # backward's K/V blocks taken so ran 0.92-0.99x (chunks of 4: 0.99x): the blocks of one
-# head, side by side, share Q and dO in L2.
+# head, side by side, share Q and dO in L2. The chunked form is the timed one: written for
+# chunks of 1 alone (rank = L // n, head = L - rank * n) the wide causal vector kernel's SASS
+# moved (606 instructions differ, registers aside), so it stays until that is timed.
 CAUSAL_CHUNK = 1
 
 
