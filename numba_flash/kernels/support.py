@@ -134,7 +134,10 @@ def query_block_first_heaviest(causal):
 # backward's K/V blocks taken so ran 0.92-0.99x (chunks of 4: 0.99x): the blocks of one
 # head, side by side, share Q and dO in L2. The chunked form is the timed one: written for
 # chunks of 1 alone (rank = L // n, head = L - rank * n) the wide causal vector kernel's SASS
-# moved (606 instructions differ, registers aside), so it stays until that is timed.
+# moved (606 instructions differ, registers aside), so it stays until that is timed. The lean
+# float32 forward takes query_block_first_heaviest instead (round the heads there: 0.930x at
+# causal 1k, 72 bytes of spills; experiments rows 45, 46), and so does forward16 (round the
+# heads: 0.92-0.93x at causal 1k, 1.035-1.077x at 16k; row 47).
 CAUSAL_CHUNK = 1
 
 

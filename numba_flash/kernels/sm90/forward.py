@@ -34,7 +34,8 @@ from reference.precision import half_format
 
 from ..mma import split_tf32, split_tf32_nan_elsewhere
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index, inlined_device_function,
-                       kernel_jit, kv_head, make_block_order)
+                       kernel_jit, kv_head, make_block_order,
+                       query_block_first_heaviest)
 from ..vector_io import AlignedDispatch, make_copies_wait
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, PER_THREAD, RAW_FLOATS, REGS, TILE, add,
                        clear, make_fetch, make_fetch_raw, make_lean_s, make_stage,
@@ -134,7 +135,11 @@ def make_lean_kernel(causal, half=False, raw_v=False):
     time, H100, 2026-12-07, with 24 bytes of spills at 255 registers); else V^T is staged
     from global memory at each block's start, between the two barriers.
     half: K and V hold half values (exact in TF32): the products with their zero small parts
-    are not issued (wgmma.products' exact="b")."""
+    are not issued (wgmma.products' exact="b").
+    Causal: a head's query blocks heaviest first (support.query_block_first_heaviest; before,
+    lightest first: 1.032 / 1.007 / 0.993x forward GPU time at causal 16k / 4k / 1k, H100,
+    2026-12-07); round the heads (make_block_order, as the wide kernel) ran 0.930x at 1k and
+    spilled 72 bytes (docs/experiments.md rows 45, 46)."""
     # scale Q and K with S's contraction permuted in each step (as the backward reads them)
     stage_q = make_stage(False, permuted=True, loads=STAGE_LOADS)
     fetch_k, put_k = make_fetch(permuted=True)
@@ -165,7 +170,7 @@ def make_lean_kernel(causal, half=False, raw_v=False):
         kv = U(kv_head(head, heads, group))
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
-        row0 = U(cuda.blockIdx.x) * uBM
+        row0 = query_block_first_heaviest(causal) * uBM
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         # this thread's accumulator entries (wgmma.position): rows row, row + 8 of the block
         # (i0, i1), columns col_t, col_t + 1 of each 8-column group
