@@ -450,3 +450,46 @@ def test_scalar_conversion_to_half_bits_is_numpys(fmt):
     finite_or_inf = ~np.isnan(values)
     assert (got[finite_or_inf] == want[finite_or_inf]).all()
     assert np.isnan(wgmma16.decode_host(got[~finite_or_inf].astype(np.uint16), fmt)).all()
+
+
+@pytest.mark.parametrize("shape_q,shape_k", [
+    ((1, 3, 300, 13), (1, 1, 290, 13)),
+    pytest.param((2, 3, 1000, 64), (2, 1, 1100, 64), marks=pytest.mark.gpu),     # TMA
+    pytest.param((1, 4, 1000, 128), (1, 2, 900, 128), marks=pytest.mark.gpu)])   # TMA
+def test_wgmma16_causal_forward_round_the_heads_gives_head_by_head_bits(monkeypatch, shape_q,
+                                                                       shape_k):
+    """forward16's query blocks go round the heads from ROUND_HEADS_FROM blocks a head (the
+    order of blocks only, make_block_order): with the threshold at 1 the round kernels run
+    (seen by a spy on them) and give out and lse bit for bit as the head-by-head kernels, over
+    several query blocks a head, heads sharing a key head (GQA), Nq != Nk; on a GPU also the
+    TMA kernels (d = 64 and 128)."""
+    rng = np.random.default_rng(5)
+    dt = FORMATS["bfloat16"]
+    q = rng.standard_normal(shape_q).astype(dt)
+    k, v = (rng.standard_normal(shape_k).astype(dt) for _ in range(2))
+    d = shape_q[-1]
+    launch = forward16.make_forward_kernel(*forward16.tiles(d), d, True, np.dtype(dt),
+                                           tma=True)[0]
+    assert len(launch.dispatch) == 2
+    ran = []
+
+    class Spy:
+        def __init__(self, launcher):
+            self.launcher = launcher
+
+        def __getitem__(self, config):
+            ran.append(config)
+            return self.launcher[config]
+    for name in ("dispatch", "tma"):
+        kernels = getattr(launch, name)
+        if kernels[1] is not None:
+            monkeypatch.setattr(launch, name, [kernels[0], Spy(kernels[1])])
+    results = []
+    for first in (10 ** 9, 1):
+        monkeypatch.setattr(forward16, "ROUND_HEADS_FROM", first)
+        results.append(flash_attention_forward(q, k, v, causal=True, kernel="wgmma16"))
+        assert len(ran) == (first == 1)
+    (out0, lse0), (out1, lse1) = results
+    assert_within_tolerance(check_forward(q, k, v, out1, lse1, causal=True))
+    assert np.array_equal(out0.view(np.uint16), out1.view(np.uint16))
+    assert np.array_equal(lse0, lse1)

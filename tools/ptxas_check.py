@@ -109,9 +109,10 @@ def _dispatchers(label, launcher):
         yield from _dispatchers(f"{label} vector", launcher.vector)
         yield from _dispatchers(f"{label} scalar", launcher.scalar)
     elif hasattr(launcher, "dispatch"):          # forward16's launcher (scale -> scale log2 e)
-        if getattr(launcher, "tma", None) is not None:
-            yield from _dispatchers(f"{label} tma", launcher.tma)
-        yield from _dispatchers(label, launcher.dispatch)
+        for tag, tma, dispatch in zip(("", " round"), launcher.tma, launcher.dispatch):
+            if tma is not None:                  # (round: the kernels round the heads)
+                yield from _dispatchers(f"{label}{tag} tma", tma)
+            yield from _dispatchers(f"{label}{tag}", dispatch)
     elif isinstance(launcher, Launcher):
         yield from _dispatchers(label, launcher.kernel)
     elif hasattr(launcher, "py_func"):

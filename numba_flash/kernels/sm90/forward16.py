@@ -59,7 +59,8 @@ from numba import cuda, float32, uint16, uint32, uint64
 from reference.precision import half_format
 
 from ..support import (ALIGN, NEG_INF, SIMULATOR, U, Launcher, head_index, inlined_device_function,
-                       kernel_jit, kv_head, query_block_first_heaviest)
+                       kernel_jit, kv_head, make_block_order,
+                       query_block_first_heaviest)
 from ..vector_io import AlignedDispatch, aligned, make_copies_wait
 from .operands import BLOCK, REGS
 from .softmax import FLT_MAX, LAZY_LOG2, LOG2E, make_finish_rows, make_online_softmax_lazy
@@ -124,7 +125,7 @@ def shared_bytes(D, tma=False):
 
 
 @functools.lru_cache(maxsize=None)
-def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False):
+def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False, round_heads=False):
     """The kernel for head dims up to D (64 or 128): grid (ceil(Nq / block_m), B*H) and
     threads(D) threads (tiles(d): 128 rows and 256 threads at D = 64, 192 and 384 at 128),
     arguments (q, k, v, out, lse, scale_log2, heads, group): q, k, v, out (B*H, N, d) uint16
@@ -134,8 +135,10 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False):
     tensor-core engine, "wgmma" (sm_90a) or "mma" (mma.sync, sm_80+; kernels.mma16); tma:
     Q, K and V staged by the copy engine instead (sm90.tma: boxes with the 128-byte swizzle,
     landing on an mbarrier a stage, TMA_STAGES stages, two blocks ahead; asynchronous wgmma
-    only), the kernel taking a tenth argument, `maps` (tma.tensor_maps of q, k, v). Returns
-    the launchable kernel."""
+    only), the kernel taking a tenth argument, `maps` (tma.tensor_maps of q, k, v).
+    round_heads (causal): the query blocks taken round the heads, every head's heaviest, then
+    every head's next (support.make_block_order), not each head's heaviest first in turn
+    (_Launch picks it by shape: ROUND_HEADS_FROM). Returns the launchable kernel."""
     if D not in (64, 128):
         raise ValueError(f"D must be 64 or 128, got {D}")
     if tma and not (asynchronous and products == "wgmma"):
@@ -244,11 +247,17 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False):
         return online_softmax(sm, scratch, s_acc, m, l, m_safe, alpha, masked, n0, i0, i1,
                               col_t, nq, nk, scale_log2, tau)
 
+    ROUND_HEADS = round_heads and causal
+    block_order = make_block_order(True)
+
     @kernel_jit(THREADS)
     def forward16(q, k, v, out, lse, scale_log2, heads, group, maps):
         sh = cuda.shared.array(0, uint16, alignment=ALIGN)     # the tiles
         sm = cuda.shared.array(0, float32, alignment=ALIGN)    # the same memory as floats
-        head = head_index()
+        if ROUND_HEADS:
+            x_block, head = block_order(q.shape[0])
+        else:
+            head = head_index()
         if head >= q.shape[0]:      # a block past the last head (support.head_grid)
             return
         bh = U(head)
@@ -256,7 +265,10 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False):
         wg = U(cuda.threadIdx.x) // U(WARPGROUP)    # this thread's warpgroup and its rows
         tid = U(cuda.threadIdx.x) % U(WARPGROUP)
         warp, lane = tid // U(32), tid % U(32)
-        block0 = query_block_first_heaviest(causal) * U(BLOCK_M)
+        if ROUND_HEADS:
+            block0 = x_block * U(BLOCK_M)
+        else:
+            block0 = query_block_first_heaviest(causal) * U(BLOCK_M)
         row0 = block0 + wg * uBM
         # TMA: the tiles from the first 1024-byte aligned element of sh (the swizzle's period)
         base = swizzle_base(sh) if tma else U(0)
@@ -389,6 +401,14 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False):
     return Launcher(forward16, NBYTES)
 
 
+# Under causal masking the forward's query blocks go round the heads (make_kernel's
+# round_heads) from this many query blocks a head: bf16 forward GPU time round the heads over
+# head by head, H100, 2026-12-07 (docs/experiments.md row 47): 0.92-0.94x at 1k (6 and 8
+# blocks a head: the round order reads Q, K, V from DRAM 3x, ~2.5 TB/s there), 0.985x at d =
+# 64 4k (32 blocks), 1.032x at d = 128 4k (22), 1.035-1.078x at 16k (86 and 128 blocks).
+ROUND_HEADS_FROM = 64
+
+
 class _Launch:
     """kernel[grid, threads, stream](q, k, v, out, lse, scale, heads, group) as the registry
     launches a forward: scale turned into scale log2(e) (S is formed in units of log2); with
@@ -398,24 +418,32 @@ class _Launch:
     without TMA take lse in place of `maps` (unused there)."""
 
     def __init__(self, D, causal, fmt, products, tma=False):
-        self.tma = make_kernel(D, causal, fmt, True, products, tma=True) if tma else None
-        self.dispatch = AlignedDispatch(make_kernel(D, causal, fmt, True, products),
-                                        make_kernel(D, causal, fmt, False, products),
-                                        positions=range(4), same_strides=[(1, 2)])
+        self.block_m = tiles(D)[0]
+        # (kernels head by head, kernels round the heads): the second only causal on wgmma
+        self.tma, self.dispatch = [], []
+        for round_heads in (False, True) if causal and products == "wgmma" else (False,):
+            self.tma.append(make_kernel(D, causal, fmt, True, products, tma=True,
+                                        round_heads=round_heads) if tma else None)
+            self.dispatch.append(AlignedDispatch(
+                make_kernel(D, causal, fmt, True, products, round_heads=round_heads),
+                make_kernel(D, causal, fmt, False, products, round_heads=round_heads),
+                positions=range(4), same_strides=[(1, 2)]))
 
     def __getitem__(self, config):
-        if self.tma is not None:
-            tma_run, stream = self.tma[config], (*config, 0)[2]
-        run = self.dispatch[config]
+        stream = (*config, 0)[2]
 
         def launch(q, k, v, out, lse, scale, heads, group):
+            # round the heads from ROUND_HEADS_FROM query blocks a head (where there are two)
+            which = int(len(self.dispatch) > 1 and
+                        -(-q.shape[1] // self.block_m) >= ROUND_HEADS_FROM)
+            tma = self.tma[which]
             # in float32, as the backward forms it on the device
             scale_log2 = np.float32(scale) * np.float32(LOG2E)
-            if self.tma is not None and tma_ready(q, k, v) and aligned(out):
-                tma_run(q, k, v, out, lse, scale_log2, heads, group,
-                        tensor_maps((q, k, v), stream))
+            if tma is not None and tma_ready(q, k, v) and aligned(out):
+                tma[config](q, k, v, out, lse, scale_log2, heads, group,
+                            tensor_maps((q, k, v), stream))
             else:
-                run(q, k, v, out, lse, scale_log2, heads, group, lse)
+                self.dispatch[which][config](q, k, v, out, lse, scale_log2, heads, group, lse)
         return launch
 
 
