@@ -136,8 +136,9 @@ def query_block_first_heaviest(causal):
 # chunks of 1 alone (rank = L // n, head = L - rank * n) the wide causal vector kernel's SASS
 # moved (606 instructions differ, registers aside), so it stays until that is timed. The lean
 # float32 forward takes query_block_first_heaviest instead (round the heads there: 0.930x at
-# causal 1k, 72 bytes of spills; experiments rows 45, 46), and so does forward16 (round the
-# heads: 0.92-0.93x at causal 1k, 1.035-1.077x at 16k; row 47).
+# causal 1k, 72 bytes of spills; experiments rows 45, 46); forward16 takes this order from 64
+# query blocks a head, heaviest first below (round the heads: 0.92-0.94x at causal 1k, where
+# it reads K and V from DRAM 3x, 1.035-1.078x at 16k; row 47, forward16.ROUND_HEADS_FROM).
 CAUSAL_CHUNK = 1
 
 
