@@ -137,6 +137,7 @@
 
 # %%
 import json
+import math
 
 import matplotlib.pyplot as plt
 
@@ -547,10 +548,10 @@ AB = {  # label: (base file, new file) in notebooks/data
 }
 
 
-def speedups(base, new):
+def speedups(base, new, dtype="f32"):
     """{(d, N, causal): base ms / new ms} of two tools/gpu_time.py JSON files' rows."""
     rows = [{(r["d"], r["N"], r["causal"]): r["ours_ms"] for r in
-             json.loads(data_file(f"{name}-f32-h100-2026-12-07.json").read_text())["rows"]}
+             json.loads(data_file(f"{name}-{dtype}-h100-2026-12-07.json").read_text())["rows"]}
             for name in (base, new)]
     assert rows[0].keys() == rows[1].keys()
     return {k: rows[0][k] / rows[1][k] for k in rows[0]}
@@ -573,6 +574,81 @@ ax.legend(fontsize=7, ncol=3)
 show(fig, "float32_h100_ab_dec7")
 for label, x in ab.items():
     print(f"{label:28}", " ".join(f"{x[p]:.3f}" for p in POINTS))
+
+# %% [markdown]
+# Claim 9: the 08:15 bench (the causal block orders of 06:00 and 07:18 in) as claim 7's
+# figure; the A/Bs of 08:08-08:26 in GPU time (the lean forward heaviest first, landed; round
+# the heads in the lean forward and in forward16, that one landed from 64 blocks a head; the
+# backward's grid tail spread, not landed); the wave probe that said why that lost; and
+# forward16's DRAM reads in both orders (Nsight Compute).
+
+# %%
+DEC7C = {"08:15": "bench-headfirst-f32-h100-2026-12-07.json"}
+dec7c = runs_of(DEC7C)
+ratio_panels(dec7c, over_efficient, "wgmma", "f32", F32_TARGET,
+             "wgmma / torch efficient", "float32_h100_dec7c")
+AB9 = {  # label: (base file, new file, dtype, the points shown)
+    "lean fwd heaviest first": ("gpu-time-headfirst-base", "gpu-time-headfirst-new", "f32", 64),
+    "lean fwd round the heads": ("gpu-time-leanorder-base", "gpu-time-leanorder-new", "f32",
+                                 64),
+    "fwd16 round, d 64": ("gpu-time-order16-base", "gpu-time-order16-new", "bf16", 64),
+    "fwd16 round, d 128": ("gpu-time-order16-base", "gpu-time-order16-new", "bf16", 128),
+    "fwd16 round again, d 128": ("gpu-time-order16-base2", "gpu-time-order16-new2", "bf16",
+                                 128),
+    "bwd tail spread, fwd+bwd d 128": ("gpu-time-tailsplit-base", "gpu-time-tailsplit-new",
+                                       "f32", 128),
+}
+ab9 = {label: speedups(base, new, dtype) for label, (base, new, dtype, _) in AB9.items()}
+fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw=dict(width_ratios=[3, 1.2, 1.4]))
+ax = axes[0]
+width = 0.8 / len(ab9)
+for i, (label, x) in enumerate(ab9.items()):
+    d = AB9[label][3]
+    ax.bar([j + i * width for j in range(6)], [x[d, n, c] for _, n, c in POINTS], width,
+           label=label)
+ax.axhline(1.0, color="k", lw=0.6)
+ax.set_xticks([j + 0.4 - width / 2 for j in range(6)],
+              [f"{n // 1024}k{' causal' if c else ''}" for _, n, c in POINTS])
+ax.set_ylim(0.9, 1.09)
+ax.set_ylabel("GPU time, base / new")
+ax.set_title("H100, 2026-12-07 08:08-08:26: each change over main")
+ax.legend(fontsize=7, ncol=2)
+
+
+def probe_lines(name, prefix):
+    """The lines of a data file's text that start with prefix, split in words."""
+    return [line.split() for line in data_file(name).read_text().splitlines()
+            if line.startswith(prefix)]
+
+
+waves = [(float(w[5]), float(w[9])) for w in probe_lines("tailsplit-h100-2026-12-07.txt", "BH ")]
+axes[1].plot(*zip(*waves), "o-", label="measured")
+# if equal blocks ran in whole waves: time ~ ceil(waves), scaled to the B·H = 256 point
+w256, t256 = waves[2]
+axes[1].plot([w for w, _ in waves],
+             [t256 * (math.ceil(w) / w) / (math.ceil(w256) / w256) for w, _ in waves], "k--",
+             lw=0.8, label="in whole waves")
+axes[1].set_ylim(5.9, 6.7)
+axes[1].set_xlabel("waves of 132 blocks (B·H = 240..280)")
+axes[1].set_ylabel("ms per 256 heads")
+axes[1].set_title("backward, N = 1k, d = 128: no step", fontsize=9)
+axes[1].legend(fontsize=7)
+DRAM = {}
+for w in probe_lines("tailsplit-h100-2026-12-07.txt", ("128 ", "64 ")):
+    DRAM[int(w[0]), int(w[1]), w[2]] = float(w[3]) * (1000 if w[4] == "GB" else 1)
+keys = sorted({k[:2] for k in DRAM})
+for i, order in enumerate(("main", "round")):
+    axes[2].bar([j + 0.4 * i for j in range(len(keys))], [DRAM[k + (order,)] for k in keys],
+                0.4, label="head by head" if order == "main" else "round the heads")
+axes[2].set_xticks([j + 0.2 for j in range(len(keys))],
+                   [f"d{d} {n // 1024}k" for d, n in keys], fontsize=7, rotation=45)
+axes[2].set_ylabel("DRAM MB read")
+axes[2].set_title("forward16 causal, bf16 (ncu)", fontsize=9)
+axes[2].legend(fontsize=7)
+show(fig, "h100_ab_dec7c")
+for label, x in ab9.items():
+    d = AB9[label][3]
+    print(f"{label:32}", " ".join(f"{x[d, n, c]:.3f}" for _, n, c in POINTS))
 
 # %% [markdown]
 # Where claim 6 comes from: host µs of one call at a size where the host bounds the loop
@@ -726,6 +802,26 @@ assert all(ab["order fwd only, fwd+bwd"][128, n, True] > 1.01 for n in (4096, 16
 assert all(ab["order fwd and bwd, fwd+bwd"][128, n, True] < 0.98 for n in (1024, 4096))
 edge = ab["one back edge, fwd"].values()
 assert 0.97 < min(edge) and max(edge) < 1.03, edge
+# claim 9: the 08:15 bench and the A/Bs of 08:08-08:26
+check_runs(dec7c, "float32", day="2026-12-07")
+f32c = {(mode, d, c, n): x for mode in ("fwd", "fwd+bwd") for d, c in PANELS
+        for n, x in over_efficient(dec7c["08:15"], mode, d, c).items()}
+assert min(x for k, x in f32c.items() if k[:2] == ("fwd+bwd", 64)) > 1.5
+short = {k[2:]: x for k, x in f32c.items() if k[:2] == ("fwd+bwd", 128) and x < 1.5}
+assert sorted(short) == [(False, 1024), (True, 4096), (True, 16384)], short
+assert min(short.values()) > 1.48 and f32c["fwd+bwd", 128, True, 16384] > f32b[
+    "fwd+bwd", 128, True, 16384] + 0.03
+assert ab9["lean fwd heaviest first"][64, 16384, True] > 1.02
+assert ab9["lean fwd round the heads"][64, 1024, True] < 0.95
+for label in ("fwd16 round, d 128", "fwd16 round again, d 128"):
+    assert ab9[label][128, 1024, True] < 0.95 and ab9[label][128, 16384, True] > 1.05
+assert ab9["fwd16 round, d 64"][64, 16384, True] > 1.03
+assert all(ab9["bwd tail spread, fwd+bwd d 128"][128, n, False] < 0.99
+           for n in (1024, 4096, 16384))
+per_block = [ms for _, ms in waves]
+assert len(per_block) == 8 and max(per_block) / min(per_block) < 1.03, waves
+assert len(DRAM) == 12 and all(DRAM[k + ("round",)] > 2.8 * DRAM[k + ("main",)] for k in keys)
+assert all(195 < DRAM[k + ("main",)] < 210 for k in keys)          # Q, K, V read once
 # its host times: a replayed forward within 2x of SDPA's and under a third of the full call's
 for when, rows in host.items():
     assert rows["API forward"] < 2 * rows["torch flash SDPA (peer)"], (when, rows)
