@@ -19,7 +19,9 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 
 def _compile(kernel, d, causal, dtype):
     """In a worker: the API's forward and backward on a (1, 1, 8, d) problem, which compiles
-    (or loads) every kernel the pair runs for (d, causal, dtype). Returns the seconds taken."""
+    (or loads) every kernel the pair runs for (d, causal, dtype), and for a causal 16-bit
+    dtype a forward long enough for forward16's round-the-heads kernels. Returns the seconds
+    taken."""
     import warnings
 
     import numpy as np
@@ -33,6 +35,14 @@ def _compile(kernel, d, causal, dtype):
     q, k, v, dout = (rng.standard_normal((1, 1, 8, d)).astype(dtype) for _ in range(4))
     out, lse = flash_attention_forward(q, k, v, causal=causal, kernel=kernel)
     flash_attention_backward(dout, q, k, v, out, lse, causal=causal, kernel=kernel)
+    from .kernels.support import SIMULATOR
+    if causal and dtype in ("float16", "bfloat16") and not SIMULATOR:
+        # the 16-bit causal forward's kernels round the heads, from ROUND_HEADS_FROM query
+        # blocks a head (sm90.forward16): a forward that long compiles them too
+        from .kernels.sm90 import forward16
+        n = forward16.ROUND_HEADS_FROM * forward16.tiles(d)[0]
+        q, k, v = (rng.standard_normal((1, 1, n, d)).astype(dtype) for _ in range(3))
+        flash_attention_forward(q, k, v, causal=causal, kernel=kernel)
     return time.perf_counter() - t0
 
 

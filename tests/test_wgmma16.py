@@ -4,6 +4,8 @@ integer inputs (exact: the same answer on the simulator's model and on the tenso
 the forward and backward against float64 truth within the half tolerance, simulator and
 GPU."""
 
+import inspect
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -453,7 +455,7 @@ def test_scalar_conversion_to_half_bits_is_numpys(fmt):
 
 
 @pytest.mark.parametrize("shape_q,shape_k", [
-    ((1, 3, 300, 13), (1, 1, 290, 13)),
+    ((1, 4, 300, 13), (1, 2, 290, 13)),
     pytest.param((2, 3, 1000, 64), (2, 1, 1100, 64), marks=pytest.mark.gpu),     # TMA
     pytest.param((1, 4, 1000, 128), (1, 2, 900, 128), marks=pytest.mark.gpu)])   # TMA
 def test_wgmma16_causal_forward_round_the_heads_gives_head_by_head_bits(monkeypatch, shape_q,
@@ -461,8 +463,8 @@ def test_wgmma16_causal_forward_round_the_heads_gives_head_by_head_bits(monkeypa
     """forward16's query blocks go round the heads from ROUND_HEADS_FROM blocks a head (the
     order of blocks only, make_block_order): with the threshold at 1 the round kernels run
     (seen by a spy on them) and give out and lse bit for bit as the head-by-head kernels, over
-    several query blocks a head, heads sharing a key head (GQA), Nq != Nk; on a GPU also the
-    TMA kernels (d = 64 and 128)."""
+    several query blocks a head (3, against 4 heads, two to a key head: a rank and a head
+    swapped would show), Nq != Nk; on a GPU also the TMA kernels (d = 64 and 128)."""
     rng = np.random.default_rng(5)
     dt = FORMATS["bfloat16"]
     q = rng.standard_normal(shape_q).astype(dt)
@@ -470,7 +472,16 @@ def test_wgmma16_causal_forward_round_the_heads_gives_head_by_head_bits(monkeypa
     d = shape_q[-1]
     launch = forward16.make_forward_kernel(*forward16.tiles(d), d, True, np.dtype(dt),
                                            tma=True)[0]
-    assert len(launch.dispatch) == 2
+    assert len(launch.dispatch) == 2 and launch.dispatch[1].vector is forward16.make_kernel(
+        forward16.padded(d), True, "bfloat16", True, "wgmma", round_heads=True)
+    assert launch.dispatch[0].vector is forward16.make_kernel(
+        forward16.padded(d), True, "bfloat16", True, "wgmma", round_heads=False)
+    # the kernels' own switch (their block index comes from make_block_order where it is on)
+    for which, on in ((0, False), (1, True)):
+        for kernel in (launch.dispatch[which].vector, launch.dispatch[which].scalar,
+                       launch.tma[which]):
+            switch = inspect.getclosurevars(kernel.py_func).nonlocals["ROUND_HEADS"]
+            assert switch is on, (which, kernel)
     ran = []
 
     class Spy:

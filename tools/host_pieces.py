@@ -109,7 +109,7 @@ def main(argv=None):
     pair = registry.PAIRS["wgmma16"]
     bf16 = np.dtype(arrays.BFLOAT16)
     launch_obj, threads = pair.make_forward(128, 64, d, True, bf16)
-    launcher = launch_obj.tma[0]          # (head by head: the kernel at this size)
+    launcher = launch_obj.tma[launch_obj.which(n)]       # the kernel the API runs at n
     ptr, stream = arrays.launch_stream(q)
     shape = (b * h, n, d)
     dq, dk, dv = (arrays.to_device(x, shape, ptr, as_dtype=np.uint16) for x in (q, k, v))

@@ -403,9 +403,11 @@ def make_kernel(D, causal, fmt, asynchronous, products="wgmma", tma=False, round
 
 # Under causal masking the forward's query blocks go round the heads (make_kernel's
 # round_heads) from this many query blocks a head: bf16 forward GPU time round the heads over
-# head by head, H100, 2026-12-07 (docs/experiments.md row 47): 0.92-0.94x at 1k (6 and 8
-# blocks a head: the round order reads Q, K, V from DRAM 3x, ~2.5 TB/s there), 0.985x at d =
-# 64 4k (32 blocks), 1.032x at d = 128 4k (22), 1.035-1.078x at 16k (86 and 128 blocks).
+# head by head, H100, 2026-12-07, two runs (docs/experiments.md row 47): 0.92-0.94x at 1k (6
+# and 8 blocks a head: the round order reads Q, K, V from DRAM 3x, ~2.5 TB/s there, likely
+# near bound), 0.973 / 0.985x at d = 64 4k (32 blocks), 1.034 / 1.032x at d = 128 4k (22),
+# 1.035-1.078x at 16k (86 and 128 blocks). Provisional: nothing measured between 32 and 86
+# blocks, and only at B*N = 16k.
 ROUND_HEADS_FROM = 64
 
 
@@ -429,13 +431,16 @@ class _Launch:
                 make_kernel(D, causal, fmt, False, products, round_heads=round_heads),
                 positions=range(4), same_strides=[(1, 2)]))
 
+    def which(self, nq):
+        """0: the kernels head by head, 1: round the heads (causal wgmma, from
+        ROUND_HEADS_FROM query blocks a head), for nq query rows."""
+        return int(len(self.dispatch) > 1 and -(-nq // self.block_m) >= ROUND_HEADS_FROM)
+
     def __getitem__(self, config):
         stream = (*config, 0)[2]
 
         def launch(q, k, v, out, lse, scale, heads, group):
-            # round the heads from ROUND_HEADS_FROM query blocks a head (where there are two)
-            which = int(len(self.dispatch) > 1 and
-                        -(-q.shape[1] // self.block_m) >= ROUND_HEADS_FROM)
+            which = self.which(q.shape[1])
             tma = self.tma[which]
             # in float32, as the backward forms it on the device
             scale_log2 = np.float32(scale) * np.float32(LOG2E)
