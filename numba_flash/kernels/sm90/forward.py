@@ -273,14 +273,14 @@ def make_wide_kernel(causal, vector_loads, half=False):
     memory (L1 / L2) into chained A fragments per K/V block. S as four chained products with
     the contraction permuted (sm90.operands), P V as two per half of O.
     Causal: a warpgroup only stages the K/V blocks past its own last row (for the other
-    warpgroup), and the query blocks run heaviest first: together, with each head's blocks
-    in turn, 1.03-1.08x the kernel that computed those blocks masked, ascending (gpu_time,
-    H100, 2026-12-06; the lean kernel, reversed then, ran 3-6 % slower at 4k-16k, and
-    reversed again on 2026-12-07 1.032x at 16k: make_lean_kernel); since 2026-12-07 every
-    head's last query block first, then every head's one
-    before it (support.make_block_order: 1.048 / 1.052x at 4k / 16k). So such
-    a warpgroup no longer meets those keys' values: an inf in V there made its rows NaN (P = 0
-    times inf), which the lean kernel still does, and standard attention does not.
+    warpgroup), so it no longer meets those keys' values: an inf in V there made its rows NaN
+    (P = 0 times inf), which the lean kernel still does, and standard attention does not.
+    With the query blocks heaviest first that made 1.03-1.08x the kernel that computed those
+    blocks masked, ascending (gpu_time, H100, 2026-12-06; the lean kernel, reversed then, ran
+    3-6 % slower at 4k-16k, and reversed again on 2026-12-07 1.032x at 16k:
+    make_lean_kernel). Since 2026-12-07 the blocks go round the heads, every head's last
+    query block first, then every head's one before it (support.make_block_order: 1.048 /
+    1.052x at 4k / 16k).
     vector_loads: Q's runs of 8 columns read 16 bytes at a time, and K and V a block ahead:
     the next block's rows copied as stored into shared memory by cp.async
     (operands.make_fetch_raw) while this one is computed, split into the tiles from there at
