@@ -125,6 +125,10 @@ if SIMULATOR:
         return row[col], row[col + 1]
 
     @cuda.jit(device=True)
+    def load2_below(src, head, row, col, k):
+        return src[head, row + k, col], src[head, row + k, col + 1]
+
+    @cuda.jit(device=True)
     def store4(dst, head, row, col, x):
         for e in range(VECTOR):
             dst[head, row, col + e] = x[e]
@@ -256,6 +260,32 @@ else:
             pair = ir.VectorType(context.get_data_type(sig.args[0].dtype), 2)
             first = _element_pointer(context, builder, sig.args, args)
             loaded = builder.load(builder.bitcast(first, pair.as_pointer()), align=8)
+            values = [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
+                      for e in range(2)]
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return sig, codegen
+
+    @intrinsic
+    def load2_below(typingctx, src, head, row, col, k):
+        # load2 of src[head, row + k, col:col + 2], its address that of src[head, row, col]
+        # plus k rows (k * the row stride, 32-bit): callers that read several k of one (head,
+        # row, col) share the first address (its 64-bit index arithmetic formed once)
+        if not (_array3(src) and src.dtype == types.float32):
+            return None
+        sig = types.UniTuple(src.dtype, 2)(src, head, row, col, k)
+
+        def codegen(context, builder, sig, args):
+            pair = ir.VectorType(context.get_data_type(sig.args[0].dtype), 2)
+            first = _element_pointer(context, builder, sig.args[:4], args[:4])
+            array = context.make_array(sig.args[0])(context, builder, value=args[0])
+            stride = builder.trunc(cgutils.unpack_tuple(builder, array.strides, 3)[1],
+                                   ir.IntType(32))
+            k32 = context.cast(builder, args[4], sig.args[4], types.uint32)
+            offset = builder.zext(builder.mul(k32, stride), ir.IntType(64))
+            byte = builder.bitcast(first, ir.IntType(8).as_pointer())
+            at = builder.gep(byte, [offset], inbounds=True)
+            loaded = builder.load(builder.bitcast(at, pair.as_pointer()), align=8)
             values = [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
                       for e in range(2)]
             return context.make_tuple(builder, sig.return_type, values)

@@ -30,7 +30,7 @@ from numba import cuda, float32
 
 from ..mma import split_tf32
 from ..support import NEG_INF, U, device_function, inlined_device_function
-from ..vector_io import copies_commit, copy16, load2, load2_row, load4
+from ..vector_io import copies_commit, copy16, load2, load2_below, load2_row, load4
 from .wgmma import CHAIN, STEP, WARPGROUP, products
 
 BLOCK = 64                  # block_m = block_n
@@ -302,7 +302,7 @@ def transposed_fragment_chain_paired(sm, at, s, warp, lane):
 
 
 def make_global_fragment(transposed, split=True, paired=False, vector=False,
-                         step_permuted=False):
+                         step_permuted=False, below=False):
     """global_fragment (below); split=False: global_elements(src, head, row0, s, d, warp, lane),
     its four elements as loaded (not yet times mult), to be scaled and split later by
     split_fragment(x, mult) (sm90.backward loads a step ahead of their use: a multiply at the
@@ -320,6 +320,7 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False,
     make_row_elements_permuted)."""
     PAIRED, VECTOR = paired and transposed, vector and paired and transposed
     PERMUTED = step_permuted and not transposed
+    BELOW = below
     zeros2 = (float32(0.0), float32(0.0))
 
     @device_function
@@ -357,6 +358,13 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False,
         c = U(STEP * s) + lane % U(4)
         if PAIRED:
             r = warp * U(16) + U(2) * (lane // U(4))         # X^T's rows r, r + 1
+            if VECTOR and BELOW:    # rows row0 + t + 8 s (+ 4) as offsets below one address
+                t = lane % U(4)
+                lo = (load2_below(src, head, row0 + t, r, U(STEP * s)) if row0 + c < n and
+                      r < d else zeros2)
+                hi = (load2_below(src, head, row0 + t, r, U(STEP * s + 4))
+                      if row0 + c + U(4) < n and r < d else zeros2)
+                return lo[0], lo[1], hi[0], hi[1]
             if VECTOR:  # d % 4 == 0, r even: both columns inside or both out
                 lo = load2(src, head, row0 + c, r) if row0 + c < n and r < d else zeros2
                 hi = (load2(src, head, row0 + c + U(4), r) if row0 + c + U(4) < n and r < d
@@ -443,7 +451,8 @@ def make_chain_fragments(transposed, permuted=False, vector=False, paired=False)
     aligned, d % 4 == 0, the caller's promise), else element by element.
     paired (transposed): X^T's rows paired (make_global_fragment's paired; with vector, 8-byte
     loads)."""
-    elements = make_global_fragment(transposed, split=False, paired=paired, vector=vector)
+    elements = make_global_fragment(transposed, split=False, paired=paired, vector=vector,
+                                    below=True)
     PERMUTED, VECTOR = permuted and not transposed, vector and permuted and not transposed
     zeros = (float32(0.0), float32(0.0), float32(0.0), float32(0.0))
 
