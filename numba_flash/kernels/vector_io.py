@@ -5,6 +5,10 @@ in float32; two ld.global.v2.f64 in float64).
 load2(src, head, row, col) returns the pair src[head, row, col : col + 2] (ld.global.v2.f32;
 float32, col even, rows 8-byte aligned): tensor-core fragments hold pairs of adjacent columns.
 load2_row(row, col) the same from a 1-D row view, row[col : col + 2].
+load2_below(src, head, row, col, k) is load2 of src[head, row + k, col:] and load4_below(src,
+head, row, col, down, right) load4 of src[head, row + down, col + right:] (float32), each
+address that of [head, row, col] plus a 32-bit offset: reads of one (head, row, col) at several
+offsets share one 64-bit index computation (the wide float32 backward's A fragments).
 store4(dst, head, row, col, x) writes the 4-tuple x there (st.global.v4.f32).
 store_words(dst, head, row, col, w) writes the four uint32 words w (16 bytes: 8 elements of a
 16-bit dst, their low halves first) at dst[head, row, col:] (st.global.v4.u32).
@@ -127,6 +131,10 @@ if SIMULATOR:
     @cuda.jit(device=True)
     def load2_below(src, head, row, col, k):
         return src[head, row + k, col], src[head, row + k, col + 1]
+
+    @cuda.jit(device=True)
+    def load4_below(src, head, row, col, down, right):
+        return load4(src, head, row + down, col + right)
 
     @cuda.jit(device=True)
     def store4(dst, head, row, col, x):
@@ -266,28 +274,59 @@ else:
 
         return sig, codegen
 
+    def _below_pointer(context, builder, sig, args, down, right=None):
+        """Pointer to args[0][head, row + down, col + right] (args: the array, head, row, col;
+        down, right: args' indices of those two, right None for 0) as that of [head, row, col]
+        plus down row strides and right elements, in 32 bits: callers reading several (down,
+        right) of one (head, row, col) share its 64-bit index arithmetic, formed once."""
+        array_type = sig.args[0]
+        first = _element_pointer(context, builder, sig.args[:4], args[:4])
+        array = context.make_array(array_type)(context, builder, value=args[0])
+        i32 = ir.IntType(32)
+        stride = builder.trunc(cgutils.unpack_tuple(builder, array.strides, 3)[1], i32)
+        offset = builder.mul(context.cast(builder, args[down], sig.args[down], types.uint32),
+                             stride)
+        if right is not None:
+            itemsize = context.get_abi_sizeof(context.get_data_type(array_type.dtype))
+            offset = builder.add(offset, builder.mul(
+                context.cast(builder, args[right], sig.args[right], types.uint32),
+                ir.Constant(i32, itemsize)))
+        byte = builder.bitcast(first, ir.IntType(8).as_pointer())
+        return builder.gep(byte, [builder.zext(offset, ir.IntType(64))], inbounds=True)
+
+    def _load_vector(builder, pointer, element, n, align):
+        """The n elements (LLVM type element) at pointer as one vector load, a list."""
+        vector = ir.VectorType(element, n)
+        loaded = builder.load(builder.bitcast(pointer, vector.as_pointer()), align=align)
+        return [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
+                for e in range(n)]
+
     @intrinsic
     def load2_below(typingctx, src, head, row, col, k):
-        # load2 of src[head, row + k, col:col + 2], its address that of src[head, row, col]
-        # plus k rows (k * the row stride, 32-bit): callers that read several k of one (head,
-        # row, col) share the first address (its 64-bit index arithmetic formed once)
+        # load2 of src[head, row + k, col:col + 2] (_below_pointer)
         if not (_array3(src) and src.dtype == types.float32):
             return None
         sig = types.UniTuple(src.dtype, 2)(src, head, row, col, k)
 
         def codegen(context, builder, sig, args):
-            pair = ir.VectorType(context.get_data_type(sig.args[0].dtype), 2)
-            first = _element_pointer(context, builder, sig.args[:4], args[:4])
-            array = context.make_array(sig.args[0])(context, builder, value=args[0])
-            stride = builder.trunc(cgutils.unpack_tuple(builder, array.strides, 3)[1],
-                                   ir.IntType(32))
-            k32 = context.cast(builder, args[4], sig.args[4], types.uint32)
-            offset = builder.zext(builder.mul(k32, stride), ir.IntType(64))
-            byte = builder.bitcast(first, ir.IntType(8).as_pointer())
-            at = builder.gep(byte, [offset], inbounds=True)
-            loaded = builder.load(builder.bitcast(at, pair.as_pointer()), align=8)
-            values = [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
-                      for e in range(2)]
+            values = _load_vector(builder, _below_pointer(context, builder, sig, args, 4),
+                                  context.get_data_type(sig.args[0].dtype), 2, 8)
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return sig, codegen
+
+    @intrinsic
+    def load4_below(typingctx, src, head, row, col, down, right):
+        # load4 of src[head, row + down, col + right:] (float32: one 16-byte load;
+        # _below_pointer)
+        if not (_array3(src) and src.dtype == types.float32):
+            return None
+        sig = types.UniTuple(src.dtype, VECTOR)(src, head, row, col, down, right)
+
+        def codegen(context, builder, sig, args):
+            values = _load_vector(builder, _below_pointer(context, builder, sig, args, 4, 5),
+                                  context.get_data_type(sig.args[0].dtype), VECTOR,
+                                  ALIGN_BYTES)
             return context.make_tuple(builder, sig.return_type, values)
 
         return sig, codegen

@@ -30,7 +30,8 @@ from numba import cuda, float32
 
 from ..mma import split_tf32
 from ..support import NEG_INF, U, device_function, inlined_device_function
-from ..vector_io import copies_commit, copy16, load2, load2_below, load2_row, load4
+from ..vector_io import (copies_commit, copy16, load2, load2_below, load2_row, load4,
+                         load4_below)
 from .wgmma import CHAIN, STEP, WARPGROUP, products
 
 BLOCK = 64                  # block_m = block_n
@@ -476,7 +477,21 @@ def make_chain_fragments(transposed, permuted=False, vector=False, paired=False)
 
     @device_function
     def chain_elements(x, src, head, row0, s0, d, warp, lane):
-        if PERMUTED:
+        if PERMUTED and VECTOR:     # as run_of_8's, offsets below one (head, r, t) address
+            n = U(src.shape[1])
+            r = row0 + warp * U(16) + lane // U(4)
+            t = U(8) * (lane % U(4))
+            c = U(STEP) * s0 + t
+            for h in range(2):
+                down = U(8 * h)
+                lo = (load4_below(src, head, r, t, down, U(STEP) * s0)
+                      if r + down < n and c < d else zeros)
+                hi = (load4_below(src, head, r, t, down, U(STEP) * s0 + U(4))
+                      if r + down < n and c + U(4) < d else zeros)
+                for u in range(4):
+                    x[4 * (u // 2) + 2 * (u % 2) + h] = lo[u]
+                    x[4 * (2 + u // 2) + 2 * (u % 2) + h] = hi[u]
+        elif PERMUTED:
             n = U(src.shape[1])
             r = row0 + warp * U(16) + lane // U(4)
             c = U(STEP) * s0 + U(8) * (lane % U(4))
