@@ -559,18 +559,26 @@ def speedups(base, new, dtype="f32"):
 
 ab = {label: speedups(*files) for label, files in AB.items()}
 POINTS = [(128, n, c) for c in (False, True) for n in (1024, 4096, 16384)]
+
+
+def ab_bars(ax, rows, ylim, title, ncol=1):
+    """Bars of A/B speed-ups, rows = {label: [x at each of POINTS' (N, causal)]}, grouped by
+    point; 1.0 (no change) drawn."""
+    width = 0.8 / len(rows)
+    for i, (label, xs) in enumerate(rows.items()):
+        ax.bar([j + i * width for j in range(len(POINTS))], xs, width, label=label)
+    ax.axhline(1.0, color="k", lw=0.6)
+    ax.set_xticks([j + 0.4 - width / 2 for j in range(len(POINTS))],
+                  [f"{n // 1024}k{' causal' if c else ''}" for _, n, c in POINTS])
+    ax.set_ylim(*ylim)
+    ax.set_ylabel("GPU time, base / new")
+    ax.set_title(title)
+    ax.legend(fontsize=7, ncol=ncol)
+
+
 fig, ax = plt.subplots(figsize=(13, 4))
-width = 0.8 / len(ab)
-for i, (label, x) in enumerate(ab.items()):
-    ax.bar([j + i * width for j in range(len(POINTS))], [x[p] for p in POINTS], width,
-           label=label)
-ax.axhline(1.0, color="k", lw=0.6)
-ax.set_xticks([j + 0.4 - width / 2 for j in range(len(POINTS))],
-              [f"{n // 1024}k{' causal' if c else ''}" for _, n, c in POINTS])
-ax.set_ylim(0.9, 1.07)
-ax.set_ylabel("GPU time, base / new")
-ax.set_title("float32 d = 128 on an H100, 2026-12-07: each change over the tree before it")
-ax.legend(fontsize=7, ncol=3)
+ab_bars(ax, {label: [x[p] for p in POINTS] for label, x in ab.items()}, (0.9, 1.07),
+        "float32 d = 128 on an H100, 2026-12-07: each change over the tree before it", ncol=3)
 show(fig, "float32_h100_ab_dec7")
 for label, x in ab.items():
     print(f"{label:28}", " ".join(f"{x[p]:.3f}" for p in POINTS))
@@ -600,19 +608,9 @@ AB9 = {  # label: (base file, new file, dtype, the points shown)
 }
 ab9 = {label: speedups(base, new, dtype) for label, (base, new, dtype, _) in AB9.items()}
 fig, axes = plt.subplots(1, 3, figsize=(15, 4), gridspec_kw=dict(width_ratios=[3, 1.2, 1.4]))
-ax = axes[0]
-width = 0.8 / len(ab9)
-for i, (label, x) in enumerate(ab9.items()):
-    d = AB9[label][3]
-    ax.bar([j + i * width for j in range(6)], [x[d, n, c] for _, n, c in POINTS], width,
-           label=label)
-ax.axhline(1.0, color="k", lw=0.6)
-ax.set_xticks([j + 0.4 - width / 2 for j in range(6)],
-              [f"{n // 1024}k{' causal' if c else ''}" for _, n, c in POINTS])
-ax.set_ylim(0.9, 1.09)
-ax.set_ylabel("GPU time, base / new")
-ax.set_title("H100, 2026-12-07 08:08-08:26: each change over main")
-ax.legend(fontsize=7, ncol=2)
+ab_bars(axes[0], {label: [x[AB9[label][3], n, c] for _, n, c in POINTS]
+                  for label, x in ab9.items()}, (0.9, 1.09),
+        "H100, 2026-12-07 08:08-08:26: each change over main", ncol=2)
 
 
 def section_rows(name, start, stop, prefix):
@@ -657,6 +655,37 @@ show(fig, "h100_ab_dec7c")
 for label, x in ab9.items():
     d = AB9[label][3]
     print(f"{label:32}", " ".join(f"{x[d, n, c]:.3f}" for _, n, c in POINTS))
+
+# %% [markdown]
+# Claim 10: the wide float32 kernels' global A operands read as offsets below one address
+# (09:25-09:47 UTC): the A/Bs in GPU time (the backward's dV / dK operands as row offsets,
+# f31d061, over main 8e180f8; the S operands of the wide forward and the backward's S / dP as
+# column offsets, 8fd9535, over f31d061, forward and forward+backward), then the benches of
+# 8fd9535 (float32 at 09:42 with f31d061's at 09:37; bfloat16 at 09:46) as claims 7 and 9.
+
+# %%
+AB10 = {  # label: (base file, new file) in notebooks/data
+    "bwd row offsets, fwd+bwd": ("gpu-time-rowoff-base", "gpu-time-rowoff-new"),
+    "S column offsets, fwd": ("gpu-time-below-fwd-base", "gpu-time-below-fwd-new"),
+    "S column offsets, fwd+bwd": ("gpu-time-below-base", "gpu-time-below-new"),
+}
+ab10 = {label: speedups(*files) for label, files in AB10.items()}
+fig, ax = plt.subplots(figsize=(10, 3.5))
+ab_bars(ax, {label: [x[p] for p in POINTS] for label, x in ab10.items()}, (0.95, 1.09),
+        "float32 d = 128, H100, 2026-12-07 09:25-09:42: offsets below one address")
+show(fig, "float32_h100_ab_dec7d")
+for label, x in ab10.items():
+    print(f"{label:28}", " ".join(f"{x[p]:.3f}" for p in POINTS))
+DEC7D = {"09:37": "bench-rowoff-f32-h100-2026-12-07.json",
+         "09:42": "bench-below-f32-h100-2026-12-07.json"}
+dec7d = runs_of(DEC7D)
+ratio_panels(dec7d, over_efficient, "wgmma", "f32", F32_TARGET,
+             "wgmma / torch efficient", "float32_h100_dec7d")
+HALF_DEC7D = {"09:46": "bench-below-bf16-h100-2026-12-07.json"}
+half_dec7d = runs_of(HALF_DEC7D)
+ratio_panels(half_dec7d, over_fa2, "wgmma16", "bf16", FA2_TARGET,
+             "TFLOP/s / FlashAttention-2's", "bfloat16_h100_dec7d",
+             extra=cudnn_line("09:46", half_dec7d["09:46"]))
 
 # %% [markdown]
 # Where claim 6 comes from: host µs of one call at a size where the host bounds the loop
@@ -833,6 +862,23 @@ assert ab9["fwd16 round, d 128"][128, 4096, True] > 1.02 > ab9["fwd16 round, d 6
                                                                                      True]
 assert len(DRAM) == 12 and all(DRAM[k + ("round",)] > 2.8 * DRAM[k + ("main",)] for k in keys)
 assert all(195 < DRAM[k + ("main",)] < 210 for k in keys)          # Q, K, V read once
+# claim 10: the offsets below one address, and the benches after them
+assert all(ab10["bwd row offsets, fwd+bwd"][p] > 1.04 for p in POINTS)
+assert all(ab10["S column offsets, fwd"][128, n, False] > 1.03 for n in (1024, 4096, 16384))
+assert all(0.99 < ab10["S column offsets, fwd"][128, n, True] < 1.01 for n in (1024, 4096))
+assert all(ab10["S column offsets, fwd+bwd"][p] > 1.0 for p in POINTS)
+check_runs(dec7d, "float32", day="2026-12-07")
+check_runs(half_dec7d, "bfloat16", day="2026-12-07")
+f32d = {(when, mode, d, c, n): x for when, run in dec7d.items() for mode in ("fwd", "fwd+bwd")
+        for d, c in PANELS for n, x in over_efficient(run, mode, d, c).items()}
+assert len(f32d) == 2 * 2 * 12, len(f32d)
+# issue 25's targets at every point: the forward ahead, forward+backward 1.5x and more
+assert min(x for k, x in f32d.items() if k[1] == "fwd") > 1.09
+assert min(x for k, x in f32d.items() if k[:2] == ("09:42", "fwd+bwd")) > 1.5
+assert min(x for k, x in f32d.items() if k[:3] == ("09:42", "fwd+bwd", 128)) > 1.55
+half10 = fa2_ratios(half_dec7d)
+assert len(half10) == 2 * 12 and min(half10.values()) > 1.05, half10
+assert cudnn_behind(half_dec7d) == [("09:46", "fwd", 64, False, 16384)]
 # its host times: a replayed forward within 2x of SDPA's and under a third of the full call's
 for when, rows in host.items():
     assert rows["API forward"] < 2 * rows["torch flash SDPA (peer)"], (when, rows)
