@@ -8,7 +8,8 @@ load2_row(row, col) the same from a 1-D row view, row[col : col + 2].
 load2_below(src, head, row, col, k) is load2 of src[head, row + k, col:] and load4_below(src,
 head, row, col, down, right) load4 of src[head, row + down, col + right:] (float32), each
 address that of [head, row, col] plus a 32-bit offset: reads of one (head, row, col) at several
-offsets share one 64-bit index computation (the wide float32 backward's A fragments).
+offsets share one 64-bit index computation (the wide float32 kernels' A fragments; the lean
+backward's paired loads stay load2: the offsets' form cost its loop 0.8 % SASS).
 store4(dst, head, row, col, x) writes the 4-tuple x there (st.global.v4.f32).
 store_words(dst, head, row, col, w) writes the four uint32 words w (16 bytes: 8 elements of a
 16-bit dst, their low halves first) at dst[head, row, col:] (st.global.v4.u32).
@@ -205,10 +206,6 @@ else:
         """Pointer to array[head, row, col] (args[0] the array, args[1:4] the indices)."""
         return _element_pointer(context, builder, sig.args[:4], args[:4])
 
-    def _vector_pointer(context, builder, sig, args):
-        vector = ir.VectorType(context.get_data_type(sig.args[0].dtype), VECTOR)
-        return builder.bitcast(_first(context, builder, sig, args), vector.as_pointer())
-
     def _array3(array):
         return isinstance(array, types.Array) and array.ndim == 3
 
@@ -233,26 +230,8 @@ else:
         sig = types.UniTuple(src.dtype, VECTOR)(src, head, row, col)
 
         def codegen(context, builder, sig, args):
-            loaded = builder.load(_vector_pointer(context, builder, sig, args),
-                                  align=ALIGN_BYTES)
-            values = [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
-                      for e in range(VECTOR)]
-            return context.make_tuple(builder, sig.return_type, values)
-
-        return sig, codegen
-
-    @intrinsic
-    def load2(typingctx, src, head, row, col):
-        if not (_array3(src) and src.dtype == types.float32):
-            return None
-        sig = types.UniTuple(src.dtype, 2)(src, head, row, col)
-
-        def codegen(context, builder, sig, args):
-            pair = ir.VectorType(context.get_data_type(sig.args[0].dtype), 2)
-            loaded = builder.load(builder.bitcast(_first(context, builder, sig, args),
-                                                  pair.as_pointer()), align=8)
-            values = [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
-                      for e in range(2)]
+            values = _load_vector(builder, _first(context, builder, sig, args),
+                                  context.get_data_type(sig.args[0].dtype), VECTOR, ALIGN_BYTES)
             return context.make_tuple(builder, sig.return_type, values)
 
         return sig, codegen
@@ -265,11 +244,8 @@ else:
         sig = types.UniTuple(row.dtype, 2)(row, col)
 
         def codegen(context, builder, sig, args):
-            pair = ir.VectorType(context.get_data_type(sig.args[0].dtype), 2)
-            first = _element_pointer(context, builder, sig.args, args)
-            loaded = builder.load(builder.bitcast(first, pair.as_pointer()), align=8)
-            values = [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
-                      for e in range(2)]
+            values = _load_vector(builder, _element_pointer(context, builder, sig.args, args),
+                                  context.get_data_type(sig.args[0].dtype), 2, 8)
             return context.make_tuple(builder, sig.return_type, values)
 
         return sig, codegen
@@ -300,6 +276,19 @@ else:
         loaded = builder.load(builder.bitcast(pointer, vector.as_pointer()), align=align)
         return [builder.extract_element(loaded, ir.Constant(ir.IntType(32), e))
                 for e in range(n)]
+
+    @intrinsic
+    def load2(typingctx, src, head, row, col):
+        if not (_array3(src) and src.dtype == types.float32):
+            return None
+        sig = types.UniTuple(src.dtype, 2)(src, head, row, col)
+
+        def codegen(context, builder, sig, args):
+            values = _load_vector(builder, _first(context, builder, sig, args),
+                                  context.get_data_type(sig.args[0].dtype), 2, 8)
+            return context.make_tuple(builder, sig.return_type, values)
+
+        return sig, codegen
 
     @intrinsic
     def load2_below(typingctx, src, head, row, col, k):
