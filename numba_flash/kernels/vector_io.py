@@ -165,6 +165,11 @@ if SIMULATOR:
             add2(dst, head, row, col, x)
 
     @cuda.jit(device=True)
+    def add2_if_below(dst, head, row, col, k, x, ok):
+        if ok:
+            add2(dst, head, row + k, col, x)
+
+    @cuda.jit(device=True)
     def copy16(sh, at, src, head, row, col, nbytes):
         """At once on the simulator (element by element)."""
         n = 16 // src.itemsize
@@ -348,11 +353,12 @@ else:
     # PTX ISA 8.1, sm_90: vector reductions exist for global memory only, hence the conversion
     # of the generic address Numba holds into a global one. Like the scalar float atomic add
     # (cuda.atomic.add), it flushes subnormals to zero (REDG.E.ADD.F32x4.FTZ.RN in the SASS).
-    def _red_add(width, predicated=False):
+    def _red_add(width, predicated=False, below=False):
         """An intrinsic adding a float32 width-tuple at dst[head, row, col:col + width] with one
         red.global.add.v{width}.f32 (the address's alignment is the caller's promise);
         predicated: one more argument, ok (an integer or bool), and the instruction issued
-        under the predicate ok != 0 (no branch around it)."""
+        under the predicate ok != 0 (no branch around it); below: an argument k after col, the
+        tuple added at dst[head, row + k, col:] (_below_pointer's address)."""
         regs = ", ".join(f"${e + 1}" for e in range(width))
         guard = (f".reg .pred p; setp.ne.u32 p, ${width + 1}, 0; ", "@p ") if predicated \
             else ("", "")
@@ -371,12 +377,23 @@ else:
                                                [ir.IntType(64)] + [f32] * width + flag),
                                asm_text, "l" + ",f" * width + ",r" * len(flag) + ",~{memory}",
                                side_effect=True)
-            address = builder.ptrtoint(_first(context, builder, sig, args), ir.IntType(64))
-            ops = [address] + [builder.extract_value(args[4], e) for e in range(width)]
+            at = _below_pointer(context, builder, sig, args, 4) if below else _first(
+                context, builder, sig, args)
+            x = 5 if below else 4            # the tuple's argument, then ok's
+            address = builder.ptrtoint(at, ir.IntType(64))
+            ops = [address] + [builder.extract_value(args[x], e) for e in range(width)]
             if predicated:
-                ops.append(context.cast(builder, args[5], sig.args[5], types.uint32))
+                ops.append(context.cast(builder, args[x + 1], sig.args[x + 1], types.uint32))
             builder.call(asm, ops)
             return context.get_dummy_value()
+
+        if below:
+            @intrinsic
+            def red_add_if_below(typingctx, dst, head, row, col, k, x, ok):
+                if not typing(dst, x, ok):
+                    return None
+                return types.void(dst, head, row, col, k, x, ok), codegen
+            return red_add_if_below
 
         if predicated:
             @intrinsic
@@ -396,6 +413,7 @@ else:
     add4 = _red_add(VECTOR)
     add2 = _red_add(2)
     add2_if = _red_add(2, predicated=True)
+    add2_if_below = _red_add(2, predicated=True, below=True)
 
     def _emit_copy16(context, builder, sig, args, source):
         """cp.async of the 16 bytes at the generic address source() emits (an i64) into the

@@ -37,7 +37,7 @@ from ..mma import split_tf32
 from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, device_function, head_grid,
                        head_index, inlined_device_function, kernel_jit, make_recompute_p)
 from ..vector_io import AlignedDispatch
-from ..vector_io import add2_if as red_add2_if
+from ..vector_io import add2_if_below as red_add2_if_below
 from .dq import run_dq
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add, add2,
                        add_in_turn, clear, make_chain_fragments, make_global_fragment,
@@ -85,12 +85,14 @@ def _make_add_dq_pairs(vector):
     def add_pairs(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
         g4, t4 = lane // U(4), lane % U(4)
         c = U(16) * rows + U(2) * g4
+        i0 = m0 + t4 * U(2)
         for nt in range(REGS // 4):
             for b in range(2):
-                i = m0 + U(8 * nt + b) + t4 * U(2)
+                i = i0 + U(8 * nt + b)
                 x0, x1 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale
-                if VECTOR:
-                    red_add2_if(dq, bh, i, c, (x0, x1), i < nq and c < d)
+                if VECTOR:      # rows i0 + 8 nt + b as offsets below one address
+                    red_add2_if_below(dq, bh, i0, c, U(8 * nt + b), (x0, x1),
+                                      i < nq and c < d)
                 else:
                     if i < nq and c < d:
                         cuda.atomic.add(dq, (bh, i, c), x0)
