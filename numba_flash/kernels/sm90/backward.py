@@ -85,10 +85,10 @@ def _make_add_dq_pairs(vector):
     def add_pairs(dq, bh, m0, nq, d, dq_acc, scale, rows, lane):
         g4, t4 = lane // U(4), lane % U(4)
         c = U(16) * rows + U(2) * g4
-        i0 = m0 + t4 * U(2)
+        i0 = U(m0 + t4 * U(2))
         for nt in range(REGS // 4):
             for b in range(2):
-                i = i0 + U(8 * nt + b)
+                i = U(i0 + U(8 * nt + b))
                 x0, x1 = dq_acc[4 * nt + b] * scale, dq_acc[4 * nt + 2 + b] * scale
                 if VECTOR:      # rows i0 + 8 nt + b as offsets below one address
                     red_add2_if_below(dq, bh, i0, c, U(8 * nt + b), (x0, x1),
@@ -470,7 +470,7 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
             first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
             m0 = first
             while True:
-                i0, i1 = m0 + row, m0 + row + U(8)
+                i0, i1 = U(m0 + row), U(m0 + row + U(8))
                 lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
                 # 1. S (wg 0) or dP (wg 1): four chained products of CHAIN steps, two per
                 # column half
@@ -518,8 +518,8 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                             else:
                                 il = row + U(8 * hi)
                                 jl = key0 + U(8 * nt + b) + col_t
-                                p = recompute_p(s_ij, lse1 if hi else lse0, m0 + il, n0 + jl,
-                                                nq, nk)
+                                p = recompute_p(s_ij, lse1 if hi else lse0, U(m0 + il),
+                                                U(n0 + jl), nq, nk)
                             pb, ps = split_tf32(p)
                             sm[U(PT_T) + off] = pb
                             sm[U(PT_T + TILE) + off] = ps

@@ -361,10 +361,10 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False,
             r = warp * U(16) + U(2) * (lane // U(4))         # X^T's rows r, r + 1
             if VECTOR and BELOW:    # rows row0 + t + 8 s (+ 4) as offsets below one address
                 t = lane % U(4)
-                lo = (load2_below(src, head, row0 + t, r, U(STEP * s)) if row0 + c < n and
+                lo = (load2_below(src, head, row0 + t, r, U(STEP * s)) if U(row0 + c) < n and
                       r < d else zeros2)
                 hi = (load2_below(src, head, row0 + t, r, U(STEP * s + 4))
-                      if row0 + c + U(4) < n and r < d else zeros2)
+                      if U(row0 + c + U(4)) < n and r < d else zeros2)
                 return lo[0], lo[1], hi[0], hi[1]
             if VECTOR:  # d % 4 == 0, r even: both columns inside or both out
                 lo = load2(src, head, row0 + c, r) if row0 + c < n and r < d else zeros2
@@ -479,15 +479,15 @@ def make_chain_fragments(transposed, permuted=False, vector=False, paired=False)
     def chain_elements(x, src, head, row0, s0, d, warp, lane):
         if PERMUTED and VECTOR:     # as run_of_8's, offsets below one (head, r, t) address
             n = U(src.shape[1])
-            r = row0 + warp * U(16) + lane // U(4)
-            t = U(8) * (lane % U(4))
-            c = U(STEP) * s0 + t
+            r = U(row0 + warp * U(16) + lane // U(4))
+            t = U(U(8) * (lane % U(4)))
+            c = U(U(STEP) * s0 + t)
             for h in range(2):
                 down = U(8 * h)
                 lo = (load4_below(src, head, r, t, down, U(STEP) * s0)
-                      if r + down < n and c < d else zeros)
+                      if U(r + down) < n and c < d else zeros)
                 hi = (load4_below(src, head, r, t, down, U(STEP) * s0 + U(4))
-                      if r + down < n and c + U(4) < d else zeros)
+                      if U(r + down) < n and U(c + U(4)) < d else zeros)
                 for u in range(4):
                     x[4 * (u // 2) + 2 * (u % 2) + h] = lo[u]
                     x[4 * (2 + u // 2) + 2 * (u % 2) + h] = hi[u]
