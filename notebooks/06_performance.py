@@ -658,21 +658,24 @@ for label, x in ab9.items():
 
 # %% [markdown]
 # Claim 10: the wide float32 kernels' global A operands read as offsets below one address
-# (09:25-09:47 UTC): the A/Bs in GPU time (the backward's dV / dK operands as row offsets,
+# (09:25-10:29 UTC): the A/Bs in GPU time (the backward's dV / dK operands as row offsets,
 # f31d061, over main 8e180f8; the S operands of the wide forward and the backward's S / dP as
-# column offsets, 8fd9535, over f31d061, forward and forward+backward), then the benches of
-# 8fd9535 (float32 at 09:42 with f31d061's at 09:37; bfloat16 at 09:46) as claims 7 and 9.
+# column offsets, 8fd9535, over f31d061, forward and forward+backward; the backward's dQ
+# atomics as offsets and its bounds in 32 bits, 1fa6c74, over 3219187, forward+backward),
+# then the benches of 8fd9535 (float32 at 09:42 with f31d061's at 09:37; bfloat16 at 09:46)
+# and of 1fa6c74 (float16 at 10:29; its 16-bit kernels are 8fd9535's) as claims 7 and 9.
 
 # %%
 AB10 = {  # label: (base file, new file) in notebooks/data
     "bwd row offsets, fwd+bwd": ("gpu-time-rowoff-base", "gpu-time-rowoff-new"),
     "S column offsets, fwd": ("gpu-time-below-fwd-base", "gpu-time-below-fwd-new"),
     "S column offsets, fwd+bwd": ("gpu-time-below-base", "gpu-time-below-new"),
+    "dQ offsets, 32-bit bounds, fwd+bwd": ("gpu-time-narrow-base", "gpu-time-narrow-new"),
 }
 ab10 = {label: speedups(*files) for label, files in AB10.items()}
 fig, ax = plt.subplots(figsize=(10, 3.5))
 ab_bars(ax, {label: [x[p] for p in POINTS] for label, x in ab10.items()}, (0.95, 1.09),
-        "float32 d = 128, H100, 2026-12-07 09:25-09:42: offsets below one address")
+        "float32 d = 128, H100, 2026-12-07 09:25-10:29: offsets below one address")
 show(fig, "float32_h100_ab_dec7d")
 for label, x in ab10.items():
     print(f"{label:28}", " ".join(f"{x[p]:.3f}" for p in POINTS))
@@ -681,11 +684,12 @@ DEC7D = {"09:37": "bench-rowoff-f32-h100-2026-12-07.json",
 dec7d = runs_of(DEC7D)
 ratio_panels(dec7d, over_efficient, "wgmma", "f32", F32_TARGET,
              "wgmma / torch efficient", "float32_h100_dec7d")
-HALF_DEC7D = {"09:46": "bench-below-bf16-h100-2026-12-07.json"}
+HALF_DEC7D = {"bf16 09:46": "bench-below-bf16-h100-2026-12-07.json",
+              "fp16 10:29": "bench-narrow-f16-h100-2026-12-07.json"}
 half_dec7d = runs_of(HALF_DEC7D)
-ratio_panels(half_dec7d, over_fa2, "wgmma16", "bf16", FA2_TARGET,
-             "TFLOP/s / FlashAttention-2's", "bfloat16_h100_dec7d",
-             extra=cudnn_line("09:46", half_dec7d["09:46"]))
+ratio_panels(half_dec7d, over_fa2, "wgmma16", "bf16 / fp16", FA2_TARGET,
+             "TFLOP/s / FlashAttention-2's", "half_h100_dec7d",
+             extra=cudnn_line("bf16 09:46", half_dec7d["bf16 09:46"]))
 
 # %% [markdown]
 # Where claim 6 comes from: host µs of one call at a size where the host bounds the loop
@@ -868,7 +872,11 @@ assert all(ab10["S column offsets, fwd"][128, n, False] > 1.03 for n in (1024, 4
 assert all(0.99 < ab10["S column offsets, fwd"][128, n, True] < 1.01 for n in (1024, 4096))
 assert all(ab10["S column offsets, fwd+bwd"][p] > 1.0 for p in POINTS)
 check_runs(dec7d, "float32", day="2026-12-07")
-check_runs(half_dec7d, "bfloat16", day="2026-12-07")
+check_runs({"09:46": half_dec7d["bf16 09:46"]}, "bfloat16", day="2026-12-07")
+check_runs({"10:29": half_dec7d["fp16 10:29"]}, "float16", day="2026-12-07")
+assert all(ab10["dQ offsets, 32-bit bounds, fwd+bwd"][p] > 1.0 for p in POINTS)
+narrow = speedups("gpu-time-narrow-base", "gpu-time-narrow-new")     # d = 64 too
+assert len(narrow) == 12 and min(narrow.values()) > 1.0, narrow
 f32d = {(when, mode, d, c, n): x for when, run in dec7d.items() for mode in ("fwd", "fwd+bwd")
         for d, c in PANELS for n, x in over_efficient(run, mode, d, c).items()}
 assert len(f32d) == 2 * 2 * 12, len(f32d)
@@ -877,8 +885,9 @@ assert min(x for k, x in f32d.items() if k[1] == "fwd") > 1.09
 assert min(x for k, x in f32d.items() if k[:2] == ("09:42", "fwd+bwd")) > 1.5
 assert min(x for k, x in f32d.items() if k[:3] == ("09:42", "fwd+bwd", 128)) > 1.55
 half10 = fa2_ratios(half_dec7d)
-assert len(half10) == 2 * 12 and min(half10.values()) > 1.05, half10
-assert cudnn_behind(half_dec7d) == [("09:46", "fwd", 64, False, 16384)]
+assert len(half10) == 2 * 2 * 12 and min(half10.values()) > 1.05, half10
+assert cudnn_behind(half_dec7d) == [("bf16 09:46", "fwd", 64, False, 16384),
+                                    ("fp16 10:29", "fwd", 64, False, 16384)]
 # its host times: a replayed forward within 2x of SDPA's and under a third of the full call's
 for when, rows in host.items():
     assert rows["API forward"] < 2 * rows["torch flash SDPA (peer)"], (when, rows)

@@ -17,9 +17,10 @@ add4(dst, head, row, col, x) adds x there atomically, one red.global.add.v4.f32 
 sm_90 and newer): dst[..., col + e] += x[e], each element its own atomic add.
 add2(dst, head, row, col, x) the same for a pair, dst[head, row, col : col + 2] (red.global.add.v2.f32;
 col even), for tensor-core fragments, which hold pairs of adjacent columns.
-add2_if(dst, head, row, col, x, ok) the same where ok (an integer, nonzero: add), as one
-predicated instruction: no branch around it, whose convergence barriers cost the float32
-backward's dQ additions (the address is formed either way, so it may be past dst's end).
+add2_if_below(dst, head, row, col, k, x, ok) the same at dst[head, row + k, col:] (load2_below's
+address) where ok (an integer, nonzero: add), as one predicated instruction: no branch around
+it, whose convergence barriers cost the float32 backward's dQ additions (the address is formed
+either way, so it may be past dst's end).
 copy16(sh, at, src, head, row, col, nbytes) starts an asynchronous copy (cp.async, sm_80 and
 newer) of the 16 bytes at src[head, row, col:] into the shared array sh at element offset `at`
 (16-byte aligned), the bytes past nbytes (0 or 16) zero: the thread goes on while the copy runs.
@@ -158,11 +159,6 @@ if SIMULATOR:
     def add2(dst, head, row, col, x):
         cuda.atomic.add(dst, (head, row, col), x[0])
         cuda.atomic.add(dst, (head, row, col + 1), x[1])
-
-    @cuda.jit(device=True)
-    def add2_if(dst, head, row, col, x, ok):
-        if ok:
-            add2(dst, head, row, col, x)
 
     @cuda.jit(device=True)
     def add2_if_below(dst, head, row, col, k, x, ok):
@@ -353,14 +349,14 @@ else:
     # PTX ISA 8.1, sm_90: vector reductions exist for global memory only, hence the conversion
     # of the generic address Numba holds into a global one. Like the scalar float atomic add
     # (cuda.atomic.add), it flushes subnormals to zero (REDG.E.ADD.F32x4.FTZ.RN in the SASS).
-    def _red_add(width, predicated=False, below=False):
+    def _red_add(width, if_below=False):
         """An intrinsic adding a float32 width-tuple at dst[head, row, col:col + width] with one
         red.global.add.v{width}.f32 (the address's alignment is the caller's promise);
-        predicated: one more argument, ok (an integer or bool), and the instruction issued
-        under the predicate ok != 0 (no branch around it); below: an argument k after col, the
-        tuple added at dst[head, row + k, col:] (_below_pointer's address)."""
+        if_below: two more arguments, k after col (the tuple added at dst[head, row + k, col:],
+        _below_pointer's address) and ok last (an integer or bool), the instruction issued
+        under the predicate ok != 0 (no branch around it)."""
         regs = ", ".join(f"${e + 1}" for e in range(width))
-        guard = (f".reg .pred p; setp.ne.u32 p, ${width + 1}, 0; ", "@p ") if predicated \
+        guard = (f".reg .pred p; setp.ne.u32 p, ${width + 1}, 0; ", "@p ") if if_below \
             else ("", "")
         asm_text = (f"{{ .reg .u64 g; {guard[0]}cvta.to.global.u64 g, $0; "
                     f"{guard[1]}red.global.add.v{width}.f32 [g], {{{regs}}}; }}")
@@ -372,36 +368,28 @@ else:
 
         def codegen(context, builder, sig, args):
             f32, i32 = ir.FloatType(), ir.IntType(32)
-            flag = [i32] if predicated else []
+            flag = [i32] if if_below else []
             asm = ir.InlineAsm(ir.FunctionType(ir.VoidType(),
                                                [ir.IntType(64)] + [f32] * width + flag),
                                asm_text, "l" + ",f" * width + ",r" * len(flag) + ",~{memory}",
                                side_effect=True)
-            at = _below_pointer(context, builder, sig, args, 4) if below else _first(
+            at = _below_pointer(context, builder, sig, args, 4) if if_below else _first(
                 context, builder, sig, args)
-            x = 5 if below else 4            # the tuple's argument, then ok's
+            x = 5 if if_below else 4            # the tuple's argument, then ok's
             address = builder.ptrtoint(at, ir.IntType(64))
             ops = [address] + [builder.extract_value(args[x], e) for e in range(width)]
-            if predicated:
+            if if_below:
                 ops.append(context.cast(builder, args[x + 1], sig.args[x + 1], types.uint32))
             builder.call(asm, ops)
             return context.get_dummy_value()
 
-        if below:
+        if if_below:
             @intrinsic
             def red_add_if_below(typingctx, dst, head, row, col, k, x, ok):
                 if not typing(dst, x, ok):
                     return None
                 return types.void(dst, head, row, col, k, x, ok), codegen
             return red_add_if_below
-
-        if predicated:
-            @intrinsic
-            def red_add_if(typingctx, dst, head, row, col, x, ok):
-                if not typing(dst, x, ok):
-                    return None
-                return types.void(dst, head, row, col, x, ok), codegen
-            return red_add_if
 
         @intrinsic
         def red_add(typingctx, dst, head, row, col, x):
@@ -412,8 +400,7 @@ else:
 
     add4 = _red_add(VECTOR)
     add2 = _red_add(2)
-    add2_if = _red_add(2, predicated=True)
-    add2_if_below = _red_add(2, predicated=True, below=True)
+    add2_if_below = _red_add(2, if_below=True)
 
     def _emit_copy16(context, builder, sig, args, source):
         """cp.async of the 16 bytes at the generic address source() emits (an i64) into the
