@@ -130,6 +130,22 @@
 # K/V blocks taken so lost (0.92–0.99×). The bench after the first two: forward+backward
 # 1.51–1.61× at d = 64, short of 1.5× at the same three d = 128 points as claim 7.
 #
+# **Claim 9 (2026-12-07 08:08–08:26, on an H100)** (`bench-headfirst-f32-h100-2026-12-07.json`,
+# `gpu-time-{headfirst,leanorder,order16,tailsplit}-*`, `tailsplit-h100-2026-12-07.txt`). The
+# lean forward's causal blocks heaviest first (1.032× at causal 16k) and forward16's round the
+# heads from 64 blocks a head (1.035–1.078× at causal 16k, 0.92–0.94× at 1k, where it reads
+# Q, K, V from DRAM 3×); the backward's grid tail spread lost (0.967–0.981×: no wave was lost).
+# The bench: forward+backward 1.52–1.61× at d = 64, three d = 128 points 0.6–1.1 % short of 1.5×.
+#
+# **Claim 10 (2026-12-07 09:25–10:29, on an H100)** (`gpu-time-{rowoff,below-fwd,below,narrow}-*`,
+# `bench-below-{f32,bf16}-h100-2026-12-07.json`, `bench-narrow-f16-h100-2026-12-07.json`). The
+# wide float32 kernels' global A operands read as offsets below one address (the backward's
+# dV / dK operands 1.046–1.077× forward+backward at d = 128; the S operands 1.037–1.055× the
+# unmasked wide forward), then the backward's dQ atomics so and its bounds in 32 bits
+# (1.003–1.022× at all 12 points). The bench: forward+backward **1.51–1.66× torch efficient at
+# every point**, issue 25's 1.5× on the H100; `wgmma16` ahead of FlashAttention-2 at every
+# point in bfloat16 (forward 1.15–1.59×, forward+backward 1.06–1.30×) and float16.
+#
 # Ratios are of TFLOP/s in the same run (FLOPs counted as FlashAttention-2 counts them; the
 # backward as 2.5× the forward). How the figures are counted, the chip's ceilings and how the
 # kernels got here, run by run, are in [docs/performance.md](../docs/performance.md); the other
@@ -678,7 +694,7 @@ ab_bars(ax, {label: [x[p] for p in POINTS] for label, x in ab10.items()}, (0.95,
         "float32 d = 128, H100, 2026-12-07 09:25-10:29: offsets below one address")
 show(fig, "float32_h100_ab_dec7d")
 for label, x in ab10.items():
-    print(f"{label:28}", " ".join(f"{x[p]:.3f}" for p in POINTS))
+    print(f"{label:36}", " ".join(f"{x[p]:.3f}" for p in POINTS))
 DEC7D = {"09:37": "bench-rowoff-f32-h100-2026-12-07.json",
          "09:42": "bench-below-f32-h100-2026-12-07.json"}
 dec7d = runs_of(DEC7D)

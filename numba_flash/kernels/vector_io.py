@@ -65,12 +65,15 @@ def aligned(*arrays):
     stride but the last (rows, heads, batches) multiples of 16 bytes (CUDA allocations are; a
     view into one may not be), and each row contiguous and a whole number of 16 bytes long (so
     a 16-byte access at a multiple of 16 bytes never reaches past the row's last element: a
-    view d < its parent's width fails)."""
+    view d < its parent's width fails), and no stride negative (the offset accessors add
+    32-bit offsets, zero-extended: load2_below, load4_below, add2_if_below)."""
     for a in arrays:
         if data_pointer(a) % ALIGN_BYTES:
             return False
         last = a.ndim - 1       # (the simulator's shapes take no negative index)
         item = a.dtype.itemsize  # (Numba's DeviceNDArray has no .itemsize of its own)
+        if any(stride < 0 for stride in a.strides):
+            return False
         if last >= 1 and (any(a.strides[i] % ALIGN_BYTES for i in range(last))
                           or a.strides[last] != item or a.shape[last] * item % ALIGN_BYTES):
             return False

@@ -104,8 +104,9 @@ def _make_add_dq_pairs(vector):
 # dQ for an accumulator whose A was read by transposed_fragment_paired_permuted (lean) or
 # _chain_paired (wide): entries e and e + 2 are head-dim columns c and c + 1 (c even) of one dq
 # row.
-# add_dq_pairs: one red.global.add.v2.f32 per pair (vector_io.add2: d even and dq's rows 8-byte
-# aligned, the caller's promise): half the atomic instructions, each changing 8 bytes.
+# add_dq_pairs: one predicated red.global.add.v2.f32 per pair (vector_io.add2_if_below: d even
+# and dq's rows 8-byte aligned, the caller's promise), its rows offsets below one address:
+# half the atomic instructions, each changing 8 bytes, and no branch around them.
 # add_dq_pairs_by_element: two scalar atomics per pair (any d, any alignment).
 add_dq_pairs = _make_add_dq_pairs(True)
 add_dq_pairs_by_element = _make_add_dq_pairs(False)

@@ -30,8 +30,7 @@ from numba import cuda, float32
 
 from ..mma import split_tf32
 from ..support import NEG_INF, U, device_function, inlined_device_function
-from ..vector_io import (copies_commit, copy16, load2, load2_below, load2_row, load4,
-                         load4_below)
+from ..vector_io import copies_commit, copy16, load2, load2_below, load2_row, load4_below
 from .wgmma import CHAIN, STEP, WARPGROUP, products
 
 BLOCK = 64                  # block_m = block_n
@@ -313,7 +312,10 @@ def make_global_fragment(transposed, split=True, paired=False, vector=False,
     product with this A has those rows in its accumulator's entries e and e + 2
     (sm90.backward.store_dkdv). vector (with paired): each
     pair one 8-byte load (vector_io.load2: src's data and rows 16-byte aligned and d % 4 == 0,
-    the caller's promise), else element by element.
+    the caller's promise), else element by element; below (with vector): the two pairs of a
+    step read at rows row0 + t + 8 s (+ 4) as offsets below (head, row0 + t, r)'s address
+    (vector_io.load2_below: the wide backward's, 1.05-1.08x; the lean one keeps load2, whose
+    loop the offsets lengthened, docs/experiments.md rows 49, 52).
     step_permuted (not transposed): X's contraction permuted within each step as
     make_stage(permuted=True) stages a B tile (contraction index t + 4 e holds column 2 t + e):
     the thread's elements X[r, c], X[r + 8, c], X[r, c + 1], X[r + 8, c + 1], c = 8 s + 2 t,
@@ -448,10 +450,11 @@ def make_chain_fragments(transposed, permuted=False, vector=False, paired=False)
     permuted (not transposed): X's contraction index permuted by chain_column, against a B tile
     staged so (make_stage's chain_permuted): a thread's 8 entries of each of its two rows are
     then 8 contiguous columns, 8 (lane % 4).. of the chain's 32, read as one run. vector (with
-    permuted): each run as two 16-byte loads (vector_io.load4: src's data and rows 16-byte
-    aligned, d % 4 == 0, the caller's promise), else element by element.
+    permuted): each run as two 16-byte loads at offsets below one (head, row, 8 (lane % 4))
+    address (vector_io.load4_below: src's data and rows 16-byte aligned, d % 4 == 0, the
+    caller's promise), else element by element.
     paired (transposed): X^T's rows paired (make_global_fragment's paired; with vector, 8-byte
-    loads)."""
+    loads below one address, its below)."""
     elements = make_global_fragment(transposed, split=False, paired=paired, vector=vector,
                                     below=True)
     PERMUTED, VECTOR = permuted and not transposed, vector and permuted and not transposed
@@ -459,21 +462,14 @@ def make_chain_fragments(transposed, permuted=False, vector=False, paired=False)
 
     @device_function
     def run_of_8(src, head, row, c, n, d, x, h):
-        """src[head, row, c:c + 8] (zero outside src) into x as rows h (0: the
-        thread's first row, 1: the one 8 below) of a chain's fragments: column c + 2 s + e is
-        step s's entry of k index lane % 4 + 4 e (chain_column)."""
-        if VECTOR:      # d % 4 == 0 and c % 8 == 0: each run of 4 is all inside or all out
-            lo = load4(src, head, row, c) if row < n and c < d else zeros
-            hi = load4(src, head, row, c + U(4)) if row < n and c + U(4) < d else zeros
-            for u in range(4):
-                x[4 * (u // 2) + 2 * (u % 2) + h] = lo[u]
-                x[4 * (2 + u // 2) + 2 * (u % 2) + h] = hi[u]
-        else:
-            for u in range(8):
-                val = float32(0.0)
-                if row < n and c + U(u) < d:
-                    val = src[head, row, c + U(u)]
-                x[4 * (u // 2) + 2 * (u % 2) + h] = val
+        """src[head, row, c:c + 8] (zero outside src) element by element into x as rows h (0:
+        the thread's first row, 1: the one 8 below) of a chain's fragments: column c + 2 s + e
+        is step s's entry of k index lane % 4 + 4 e (chain_column)."""
+        for u in range(8):
+            val = float32(0.0)
+            if row < n and c + U(u) < d:
+                val = src[head, row, c + U(u)]
+            x[4 * (u // 2) + 2 * (u % 2) + h] = val
 
     @device_function
     def chain_elements(x, src, head, row0, s0, d, warp, lane):
