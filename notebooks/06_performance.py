@@ -532,16 +532,22 @@ ratio_panels(plans, over_fa2, "wgmma16 with plans", "bf16", FA2_TARGET,
 # bfloat16 (02:23) over FlashAttention-2, cuDNN over it dotted.
 
 # %%
-DEC7 = {"02:26": "bench-f32-h100-2026-12-07.json", "03:16": "bench-rawv-f32-h100-2026-12-07.json"}
-dec7 = runs_of(DEC7)
-ratio_panels(dec7, over_efficient, "wgmma", "f32", F32_TARGET,
-             "wgmma / torch efficient", "float32_h100_dec7")
-HALF_DEC7 = {"fp16 02:25": "bench-f16-h100-2026-12-07.json",
-             "bf16 02:23": "bench-bf16-h100-2026-12-07.json"}
-half_dec7 = runs_of(HALF_DEC7)
-ratio_panels(half_dec7, over_fa2, "wgmma16", "fp16 / bf16", FA2_TARGET,
-             "TFLOP/s / FlashAttention-2's", "half_h100_dec7",
-             extra=cudnn_line("fp16 02:25", half_dec7["fp16 02:25"]))
+def float32_and_half_panels(f32_files, half_files, name, cudnn_run):
+    """Claim 4's figure of the float32 runs, then the half runs ({label: file}; one dtype each)
+    over FlashAttention-2 with cuDNN over it dotted (from half_files' cudnn_run); both runs."""
+    f32_runs, half_runs = runs_of(f32_files), runs_of(half_files)
+    ratio_panels(f32_runs, over_efficient, "wgmma", "f32", F32_TARGET,
+                 "wgmma / torch efficient", f"float32_h100_{name}")
+    ratio_panels(half_runs, over_fa2, "wgmma16", "fp16 / bf16", FA2_TARGET,
+                 "TFLOP/s / FlashAttention-2's", f"half_h100_{name}",
+                 extra=cudnn_line(cudnn_run, half_runs[cudnn_run]))
+    return f32_runs, half_runs
+
+
+dec7, half_dec7 = float32_and_half_panels(
+    {"02:26": "bench-f32-h100-2026-12-07.json", "03:16": "bench-rawv-f32-h100-2026-12-07.json"},
+    {"fp16 02:25": "bench-f16-h100-2026-12-07.json",
+     "bf16 02:23": "bench-bf16-h100-2026-12-07.json"}, "dec7", "fp16 02:25")
 
 # %% [markdown]
 # Claim 8: the 05:39 bench as claim 7's figure; then each A/B's speed-up in GPU time (base ms /
@@ -695,17 +701,11 @@ ab_bars(ax, {label: [x[p] for p in POINTS] for label, x in ab10.items()}, (0.95,
 show(fig, "float32_h100_ab_dec7d")
 for label, x in ab10.items():
     print(f"{label:36}", " ".join(f"{x[p]:.3f}" for p in POINTS))
-DEC7D = {"09:37": "bench-rowoff-f32-h100-2026-12-07.json",
-         "09:42": "bench-below-f32-h100-2026-12-07.json"}
-dec7d = runs_of(DEC7D)
-ratio_panels(dec7d, over_efficient, "wgmma", "f32", F32_TARGET,
-             "wgmma / torch efficient", "float32_h100_dec7d")
-HALF_DEC7D = {"bf16 09:46": "bench-below-bf16-h100-2026-12-07.json",
-              "fp16 10:29": "bench-narrow-f16-h100-2026-12-07.json"}
-half_dec7d = runs_of(HALF_DEC7D)
-ratio_panels(half_dec7d, over_fa2, "wgmma16", "bf16 / fp16", FA2_TARGET,
-             "TFLOP/s / FlashAttention-2's", "half_h100_dec7d",
-             extra=cudnn_line("bf16 09:46", half_dec7d["bf16 09:46"]))
+dec7d, half_dec7d = float32_and_half_panels(
+    {"09:37": "bench-rowoff-f32-h100-2026-12-07.json",
+     "09:42": "bench-below-f32-h100-2026-12-07.json"},
+    {"bf16 09:46": "bench-below-bf16-h100-2026-12-07.json",
+     "fp16 10:29": "bench-narrow-f16-h100-2026-12-07.json"}, "dec7d", "bf16 09:46")
 
 # %% [markdown]
 # Where claim 6 comes from: host µs of one call at a size where the host bounds the loop

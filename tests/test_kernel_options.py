@@ -299,3 +299,5 @@ def test_aligned_dispatch_takes_the_vector_path_only_where_grouped_arrays_share_
     # (vector_io's offset accessors add zero-extended 32-bit offsets)
     assert not aligned(flipped) and kern.pick((flipped, flipped)) is scalar
     assert AlignedDispatch(vector, scalar, positions=(0, 1)).pick((k, wide)) is vector
+    with pytest.raises(ValueError, match="among the aligned positions"):
+        AlignedDispatch(vector, scalar, positions=(0,), same_strides=[(0, 1)])

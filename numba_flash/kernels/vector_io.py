@@ -97,19 +97,20 @@ class AlignedDispatch:
     accesses) when the arguments at `positions` pass `aligned`, else `scalar` (the same kernel
     with scalar accesses): so a caller's misaligned view still works, at scalar speed.
     same_strides: groups of positions whose arrays the vector kernel addresses with one set of
-    strides (stage16.Plan: K and V, Q and dO); it runs only where each group's strides are
-    equal and none negative."""
+    strides (stage16.Plan: K and V, Q and dO), each among `positions` (so none negative:
+    `aligned`); it runs only where each group's strides are equal."""
 
     def __init__(self, vector, scalar, positions, same_strides=()):
         self.vector, self.scalar, self.positions = vector, scalar, tuple(positions)
         self.same_strides = tuple(tuple(group) for group in same_strides)
+        if not all(set(group) <= set(self.positions) for group in self.same_strides):
+            raise ValueError("same_strides' groups must be among the aligned positions")
 
     def pick(self, args):
         if not aligned(*(args[i] for i in self.positions)):
             return self.scalar
         for group in self.same_strides:
-            strides = {tuple(args[i].strides) for i in group}
-            if len(strides) > 1 or min(next(iter(strides))) < 0:
+            if len({tuple(args[i].strides) for i in group}) > 1:
                 return self.scalar
         return self.vector
 
