@@ -146,6 +146,16 @@
 # every point**, issue 25's 1.5× on the H100; `wgmma16` ahead of FlashAttention-2 at every
 # point in bfloat16 (forward 1.15–1.59×, forward+backward 1.06–1.30×) and float16.
 #
+# **Claim 11 (2026-12-07 12:51–13:01, on an H100)** (`gpu-time-bounds32-*`,
+# `bench-main{1257,1300}-f32-`, `bench-main{1258,1259}-bf16-`, `bench-main1301-f16-h100-2026-12-07.json`).
+# The remaining 64-bit bounds in 32 bits (the lean backward, the deterministic dQ pass, the
+# softmax's masked blocks), prepared in ptxas, timed together and not landed: forward+backward
+# at d = 64 0.973–0.979× unmasked, 1.014–1.023× causal 1k / 4k, d = 128 unchanged; the float32
+# forward 0.942× at causal 16k (d = 64, more spills), the bfloat16 forward 0.99–1.03×. Then
+# the benches of main, which carry the two backward changes of 10:27: forward+backward
+# **1.53–1.64× at d = 64, 1.58–1.70× at d = 128**, `wgmma16` forward 1.15–1.58× and
+# forward+backward 1.08–1.21× FlashAttention-2 in bfloat16 (float16 1.16–1.56×, 1.06–1.23×).
+#
 # Ratios are of TFLOP/s in the same run (FLOPs counted as FlashAttention-2 counts them; the
 # backward as 2.5× the forward). How the figures are counted, the chip's ceilings and how the
 # kernels got here, run by run, are in [docs/performance.md](../docs/performance.md); the other
@@ -708,6 +718,32 @@ dec7d, half_dec7d = float32_and_half_panels(
      "fp16 10:29": "bench-narrow-f16-h100-2026-12-07.json"}, "dec7d", "bf16 09:46")
 
 # %% [markdown]
+# Claim 11: the 32-bit bounds (three patches in `docs/patches`, one tree) against main 251a093
+# in GPU time, forward+backward and forward, float32 and bfloat16, at both head sizes (bars at
+# each (N, causal) point); then the benches of main at 12:57-13:01 as claims 7, 9 and 10.
+
+# %%
+AB11 = {  # label: (base file, new file, dtype) in notebooks/data
+    "fwd+bwd": ("gpu-time-bounds32-base", "gpu-time-bounds32-new", "f32"),
+    "fwd": ("gpu-time-bounds32-fwd-base", "gpu-time-bounds32-fwd-new", "f32"),
+    "bf16 fwd": ("gpu-time-bounds32-fwd-base", "gpu-time-bounds32-fwd-new", "bf16"),
+}
+ab11 = {label: speedups(*files) for label, files in AB11.items()}
+fig, ax = plt.subplots(figsize=(10, 3.5))
+ab_bars(ax, {f"{label}, d {d}": [x[d, n, c] for _, n, c in POINTS]
+             for label, x in ab11.items() for d in (64, 128)}, (0.92, 1.05),
+        "H100, 2026-12-07 12:51-12:55: 64-bit bounds in 32 bits (not landed)", ncol=2)
+show(fig, "h100_ab_dec7e")
+for label, x in ab11.items():
+    print(f"{label:9}", " ".join(f"d{d} {n // 1024}k{'c' if c else ''} {x[d, n, c]:.3f}"
+                                 for d in (64, 128) for _, n, c in POINTS))
+dec7e, half_dec7e = float32_and_half_panels(
+    {"12:57": "bench-main1257-f32-h100-2026-12-07.json",
+     "13:00": "bench-main1300-f32-h100-2026-12-07.json"},
+    {"bf16 12:58": "bench-main1258-bf16-h100-2026-12-07.json",
+     "fp16 13:01": "bench-main1301-f16-h100-2026-12-07.json"}, "dec7e", "bf16 12:58")
+
+# %% [markdown]
 # Where claim 6 comes from: host µs of one call at a size where the host bounds the loop
 # (`tools/host_pieces.py`: B = 1, H = 2, N = 128, d = 64, causal, bf16, `wgmma16`), on the two
 # machines of the runs (their hosts differ: compare bars within a run).
@@ -904,6 +940,23 @@ half10 = fa2_ratios(half_dec7d)
 assert len(half10) == 2 * 2 * 12 and min(half10.values()) > 1.05, half10
 assert cudnn_behind(half_dec7d) == [("bf16 09:46", "fwd", 64, False, 16384),
                                     ("fp16 10:29", "fwd", 64, False, 16384)]
+# claim 11: the 32-bit bounds lost where the backward is unmasked at d = 64, won little
+bounds = ab11["fwd+bwd"]
+assert all(bounds[64, n, False] < 0.985 for n in (1024, 4096, 16384)), bounds
+assert all(bounds[64, n, True] > 1.01 for n in (1024, 4096)), bounds
+assert all(0.99 < bounds[128, n, c] < 1.01 for _, n, c in POINTS), bounds
+assert ab11["fwd"][64, 16384, True] < 0.95 and max(ab11["bf16 fwd"].values()) < 1.04
+check_runs(dec7e, "float32", day="2026-12-07")
+check_runs({"12:58": half_dec7e["bf16 12:58"]}, "bfloat16", day="2026-12-07")
+check_runs({"13:01": half_dec7e["fp16 13:01"]}, "float16", day="2026-12-07")
+f32e = {(when, mode, d, c, n): x for when, run in dec7e.items() for mode in ("fwd", "fwd+bwd")
+        for d, c in PANELS for n, x in over_efficient(run, mode, d, c).items()}
+assert len(f32e) == 2 * 2 * 12 and min(x for k, x in f32e.items() if k[1] == "fwd") > 1.09
+assert min(x for k, x in f32e.items() if k[1] == "fwd+bwd") > 1.52
+assert min(x for k, x in f32e.items() if k[1:3] == ("fwd+bwd", 128)) > 1.57
+half11 = fa2_ratios(half_dec7e)
+assert len(half11) == 2 * 2 * 12 and min(half11.values()) > 1.05, half11
+assert cudnn_behind(half_dec7e) == [("fp16 13:01", "fwd", 128, True, 16384)]
 # its host times: a replayed forward within 2x of SDPA's and under a third of the full call's
 for when, rows in host.items():
     assert rows["API forward"] < 2 * rows["torch flash SDPA (peer)"], (when, rows)
