@@ -147,11 +147,14 @@
 # point in bfloat16 (forward 1.15–1.59×, forward+backward 1.06–1.30×) and float16.
 #
 # **Claim 11 (2026-12-07 12:51–13:01, on an H100)** (`gpu-time-bounds32-*`,
-# `bench-main{1257,1300}-f32-`, `bench-main{1258,1259}-bf16-`, `bench-main1301-f16-h100-2026-12-07.json`).
+# `bench-main{1257,1300}-f32-`, `bench-main{1258,1259}-bf16-`,
+# `bench-main1301-f16-h100-2026-12-07.json`).
 # The remaining 64-bit bounds in 32 bits (the lean backward, the deterministic dQ pass, the
-# softmax's masked blocks), prepared in ptxas, timed together and not landed: forward+backward
-# at d = 64 0.973–0.979× unmasked, 1.014–1.023× causal 1k / 4k, d = 128 unchanged; the float32
-# forward 0.942× at causal 16k (d = 64, more spills), the bfloat16 forward 0.99–1.03×. Then
+# softmax's masked blocks), prepared in ptxas and timed together: forward+backward at d = 64
+# 0.973–0.979× unmasked, 1.014–1.023× causal 1k / 4k, d = 128 unchanged; the float32 forward
+# 0.942× at causal 16k (d = 64, more spills), the bfloat16 forward 0.99–1.03×. The lean
+# backward alone (fwd+bwd less fwd) 1.020–1.035× causal, 0.96–0.97× unmasked: only its
+# causal part landed. Then
 # the benches of main, which carry the two backward changes of 10:27: forward+backward
 # **1.53–1.64× at d = 64, 1.58–1.70× at d = 128**, `wgmma16` forward 1.15–1.58× and
 # forward+backward 1.08–1.21× FlashAttention-2 in bfloat16 (float16 1.16–1.56×, 1.06–1.23×).
@@ -946,6 +949,15 @@ assert all(bounds[64, n, False] < 0.985 for n in (1024, 4096, 16384)), bounds
 assert all(bounds[64, n, True] > 1.01 for n in (1024, 4096)), bounds
 assert all(0.99 < bounds[128, n, c] < 1.01 for _, n, c in POINTS), bounds
 assert ab11["fwd"][64, 16384, True] < 0.95 and max(ab11["bf16 fwd"].values()) < 1.04
+# the backward alone, fwd+bwd less fwd (the forward-only A/B ran the same two trees): the
+# lean causal backward faster at every N (landed), the unmasked one slower (not)
+f32_ms = {name: {(r["d"], r["N"], r["causal"]): r["ours_ms"] for r in json.loads(data_file(
+    f"gpu-time-bounds32-{name}-f32-h100-2026-12-07.json").read_text())["rows"]}
+    for name in ("base", "new", "fwd-base", "fwd-new")}
+bwd11 = {k: (f32_ms["base"][k] - f32_ms["fwd-base"][k]) / (f32_ms["new"][k] - f32_ms["fwd-new"][k])
+         for k in f32_ms["base"] if k[0] == 64}
+assert all(bwd11[64, n, True] > 1.015 for n in (1024, 4096, 16384)), bwd11
+assert all(bwd11[64, n, False] < 0.975 for n in (1024, 4096, 16384)), bwd11
 check_runs(dec7e, "float32", day="2026-12-07")
 check_runs({"12:58": half_dec7e["bf16 12:58"]}, "bfloat16", day="2026-12-07")
 check_runs({"13:01": half_dec7e["fp16 13:01"]}, "float16", day="2026-12-07")
