@@ -147,8 +147,7 @@
 # point in bfloat16 (forward 1.15–1.59×, forward+backward 1.06–1.30×) and float16.
 #
 # **Claim 11 (2026-12-07 12:51–13:01, on an H100)** (`gpu-time-bounds32-*`,
-# `bench-main{1257,1300}-f32-`, `bench-main{1258,1259}-bf16-`,
-# `bench-main1301-f16-h100-2026-12-07.json`).
+# `bench-main{1257,1300}-f32-`, `bench-main1258-bf16-`, `bench-main1301-f16-h100-2026-12-07.json`).
 # The remaining 64-bit bounds in 32 bits (the lean backward, the deterministic dQ pass, the
 # softmax's masked blocks), prepared in ptxas and timed together: forward+backward at d = 64
 # 0.973–0.979× unmasked, 1.014–1.023× causal 1k / 4k, d = 128 unchanged; the float32 forward

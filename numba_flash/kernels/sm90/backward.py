@@ -243,10 +243,11 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     rows, step_elements = make_sdp_elements(causal and dq_out, vector_loads and causal and dq_out)
     step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
-    # the causal atomic vector kernel's P indices and causal sums in 32 bits (Numba widens a
-    # sum of uint32s to 64): its backward 1.020-1.035x in GPU time at d = 64 (an A/B's fwd+bwd
-    # less its fwd); the same in the unmasked kernel ran 0.96-0.97x, and the scalar and
-    # deterministic ones spilled (H100, 2026-12-07, docs/experiments.md row 53)
+    # the causal kernel's P indices and causal sums in 32 bits where it writes dQ (by atomics)
+    # and loads by vectors (Numba widens a sum of uint32s to 64): its backward 1.020-1.035x in
+    # GPU time at d = 64 (an A/B's fwd+bwd less its fwd); the same in the unmasked kernel ran
+    # 0.96-0.97x, and the scalar and deterministic ones spilled (H100, 2026-12-07,
+    # docs/experiments.md row 53)
     SUMS32 = causal and dq_out and vector_loads
     recompute_p = make_recompute_p(float32, causal, select=True, sums32=SUMS32)
     stage = make_stage(False, permuted=True)    # K and V: S's and dP's contraction permuted
