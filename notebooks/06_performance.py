@@ -152,8 +152,8 @@
 # softmax's masked blocks), prepared in ptxas and timed together: forward+backward at d = 64
 # 0.973–0.979× unmasked, 1.014–1.023× causal 1k / 4k, d = 128 unchanged; the float32 forward
 # 0.942× at causal 16k (d = 64, more spills), the bfloat16 forward 0.99–1.03×. The lean
-# backward alone (fwd+bwd less fwd) 1.020–1.035× causal, 0.96–0.97× unmasked: only its
-# causal part landed. Then
+# backward alone (fwd+bwd less fwd) 1.020–1.035× causal, 0.96–0.97× unmasked: its causal
+# part is prepared as `docs/patches/lean-causal-sums32.patch` (GPU tests to run). Then
 # the benches of main, which carry the two backward changes of 10:27: forward+backward
 # **1.53–1.64× at d = 64, 1.58–1.70× at d = 128**, `wgmma16` forward 1.15–1.58× and
 # forward+backward 1.08–1.21× FlashAttention-2 in bfloat16 (float16 1.16–1.56×, 1.06–1.23×).
@@ -949,7 +949,7 @@ assert all(bounds[64, n, True] > 1.01 for n in (1024, 4096)), bounds
 assert all(0.99 < bounds[128, n, c] < 1.01 for _, n, c in POINTS), bounds
 assert ab11["fwd"][64, 16384, True] < 0.95 and max(ab11["bf16 fwd"].values()) < 1.04
 # the backward alone, fwd+bwd less fwd (the forward-only A/B ran the same two trees): the
-# lean causal backward faster at every N (landed), the unmasked one slower (not)
+# lean causal backward faster at every N (its part prepared as a patch), the unmasked slower
 f32_ms = {name: {(r["d"], r["N"], r["causal"]): r["ours_ms"] for r in json.loads(data_file(
     f"gpu-time-bounds32-{name}-f32-h100-2026-12-07.json").read_text())["rows"]}
     for name in ("base", "new", "fwd-base", "fwd-new")}
