@@ -301,3 +301,14 @@ def test_aligned_dispatch_takes_the_vector_path_only_where_grouped_arrays_share_
     assert AlignedDispatch(vector, scalar, positions=(0, 1)).pick((k, wide)) is vector
     with pytest.raises(ValueError, match="among the aligned positions"):
         AlignedDispatch(vector, scalar, positions=(0,), same_strides=[(0, 1)])
+
+
+def test_recompute_p_sums32_needs_the_select_form():
+    """make_recompute_p's sums32 narrows the select form's causal test; asked of the branch
+    form (which would ignore it) it is an error, not a silent no-op."""
+    from numba import float32
+
+    from numba_flash.kernels.support import make_recompute_p
+    with pytest.raises(ValueError, match="sums32"):
+        make_recompute_p(float32, True, sums32=True)
+    assert callable(make_recompute_p(float32, True, select=True, sums32=True))

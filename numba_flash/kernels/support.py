@@ -292,13 +292,19 @@ else:
 
 
 @functools.lru_cache(maxsize=None)
-def make_recompute_p(T, causal, base2=False, select=False):
+def make_recompute_p(T, causal, base2=False, select=False, sums32=False):
     """recompute_p(s_ij, lse_i, i, j, nq, nk), every backward's P from the forward's lse;
     base2 (float32, sm90.backward16): S and lse in units of log2 (times log2 e), P by
     exp2_approx. select (on a GPU): the exp computed for every entry and a masked one's
     discarded by a select, not a branch around the exp (the same P): sm90.backward's, where
     it was timed (2026-12-06); the other kernels keep the branch (with the select their SASS
-    moved, fa2's backward to fewer instructions, backward16's to more: neither was timed)."""
+    moved, fa2's backward to fewer instructions, backward16's to more: neither was timed).
+    sums32 (with select; i, j uint32): the causal test's sums in 32 bits, not the 64 Numba
+    widens a sum of uint32s to (lengths are below 2^31): sm90.backward's causal lean kernel
+    with dQ out and vector loads, where it paid (2026-12-07: timed in a tree of three such
+    changes, its backward's time as fwd+bwd less fwd)."""
+    if sums32 and not select:
+        raise ValueError("make_recompute_p: sums32 is a form of the select variant (select=True)")
     exp = exp2_approx if base2 else math.exp
 
     def recompute_p(s_ij, lse_i, i, j, nq, nk):
@@ -314,7 +320,12 @@ def make_recompute_p(T, causal, base2=False, select=False):
         (the float32 backward's P phase, Nsight Compute, 2026-12-06); a masked entry's exp is
         discarded."""
         p = exp(s_ij - lse_i)
-        seen = i < nq and j < nk and (not causal or j + nq <= i + nk) and lse_i != T(NEG_INF)
+        if sums32:
+            seen = (i < nq and j < nk and (not causal or U(j + nq) <= U(i + nk))
+                    and lse_i != T(NEG_INF))
+        else:
+            seen = (i < nq and j < nk and (not causal or j + nq <= i + nk)
+                    and lse_i != T(NEG_INF))
         return p if seen else T(0.0)
     # on the simulator a plain function: no lock per call (device_function); no select there
     # either (math.exp raises on a masked entry's large S - lse)

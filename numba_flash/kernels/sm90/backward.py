@@ -243,7 +243,13 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     rows, step_elements = make_sdp_elements(causal and dq_out, vector_loads and causal and dq_out)
     step2_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["step2_3xtf32_regs"]
     step2_regs_dq = products(BLOCK, D_PAD, D_PAD, "a" if half else None)["step2_3xtf32_regs"]
-    recompute_p = make_recompute_p(float32, causal, select=True)
+    # the causal kernel's P indices and causal sums in 32 bits where it writes dQ (by atomics)
+    # and loads by vectors (Numba widens a sum of uint32s to 64): fwd+bwd 1.016 / 1.019 /
+    # 1.005x at d = 64 causal N = 1k / 4k / 16k, unmasked 0.997-1.002x (A/B on its own against
+    # main, H100, 2026-12-07 13:57, docs/experiments.md row 54); the same in the unmasked
+    # kernel ran 0.96-0.97x, and the scalar and deterministic ones spilled (row 53)
+    SUMS32 = causal and dq_out and vector_loads
+    recompute_p = make_recompute_p(float32, causal, select=True, sums32=SUMS32)
     stage = make_stage(False, permuted=True)    # K and V: S's and dP's contraction permuted
     uBM = U(BLOCK)
     accumulate_dv = make_accumulate_w(half, vector_loads)
@@ -312,8 +318,12 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                         hi, b = e // 2, e % 2
                         il = row + U(8 * hi)
                         jl = U(8 * nt + b) + col_t
-                        p = recompute_p(s_acc[j], lse1 if hi else lse0, m0 + il, n0 + jl,
-                                        nq, nk)
+                        if SUMS32:
+                            p = recompute_p(s_acc[j], lse1 if hi else lse0, U(m0 + il),
+                                            U(n0 + jl), nq, nk)
+                        else:
+                            p = recompute_p(s_acc[j], lse1 if hi else lse0, m0 + il, n0 + jl,
+                                            nq, nk)
                         s_acc[j] = p
                         dp_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
                         off = pt_base + U(512 * nt + 64 * hi + 4 * b)
