@@ -153,10 +153,17 @@
 # 0.973–0.979× unmasked, 1.014–1.023× causal 1k / 4k, d = 128 unchanged; the float32 forward
 # 0.942× at causal 16k (d = 64, more spills), the bfloat16 forward 0.99–1.03×. The lean
 # backward alone (fwd+bwd less fwd) 1.020–1.035× causal, 0.96–0.97× unmasked: its causal
-# part is prepared as `docs/patches/lean-causal-sums32.patch` (GPU tests to run). Then
+# part was prepared as a patch and landed after its GPU tests (claim 12). Then
 # the benches of main, which carry the two backward changes of 10:27: forward+backward
 # **1.53–1.64× at d = 64, 1.58–1.70× at d = 128**, `wgmma16` forward 1.15–1.58× and
 # forward+backward 1.08–1.21× FlashAttention-2 in bfloat16 (float16 1.16–1.56×, 1.06–1.23×).
+#
+# **Claim 12 (2026-12-07 13:57–14:05, on an H100)** (`gpu-time-sums32-*`,
+# `bench-sums32-1404-f32-h100-2026-12-07.json`). Claim 11's lean causal part on its own
+# against main a39b6b3: forward+backward at d = 64 **1.016 / 1.019 / 1.005× causal** (1k / 4k /
+# 16k), unmasked 0.997–1.002× (unchanged); landed (main 93ca532). The bench of main with it:
+# forward+backward **1.54–1.65× at d = 64, 1.58–1.69× at d = 128** torch efficient, within
+# the spread of 12:57's.
 #
 # Ratios are of TFLOP/s in the same run (FLOPs counted as FlashAttention-2 counts them; the
 # backward as 2.5× the forward). How the figures are counted, the chip's ceilings and how the
@@ -746,6 +753,24 @@ dec7e, half_dec7e = float32_and_half_panels(
      "fp16 13:01": "bench-main1301-f16-h100-2026-12-07.json"}, "dec7e", "bf16 12:58")
 
 # %% [markdown]
+# Claim 12: the lean causal backward's P bounds in 32 bits (claim 11's causal part) on its own
+# against main a39b6b3, forward+backward float32 at d = 64 (bars at each (N, causal) point);
+# then the bench of main 93ca532 (14:04) beside 12:57's.
+
+# %%
+ab12 = speedups("gpu-time-sums32-base", "gpu-time-sums32-new")
+fig, ax = plt.subplots(figsize=(7, 3.2))
+ab_bars(ax, {"fwd+bwd, d 64": [ab12[64, n, c] for _, n, c in POINTS]}, (0.96, 1.04),
+        "H100, 2026-12-07 13:57: the lean causal backward's P bounds in 32 bits (landed)")
+show(fig, "h100_ab_dec7f")
+print("fwd+bwd d64", " ".join(f"{n // 1024}k{'c' if c else ''} {ab12[64, n, c]:.3f}"
+                              for _, n, c in POINTS))
+dec7f = runs_of({"12:57": "bench-main1257-f32-h100-2026-12-07.json",
+                 "14:04": "bench-sums32-1404-f32-h100-2026-12-07.json"})
+ratio_panels(dec7f, over_efficient, "wgmma", "f32", F32_TARGET, "wgmma / torch efficient",
+             "float32_h100_dec7f")
+
+# %% [markdown]
 # Where claim 6 comes from: host µs of one call at a size where the host bounds the loop
 # (`tools/host_pieces.py`: B = 1, H = 2, N = 128, d = 64, causal, bf16, `wgmma16`), on the two
 # machines of the runs (their hosts differ: compare bars within a run).
@@ -968,6 +993,19 @@ assert min(x for k, x in f32e.items() if k[1:3] == ("fwd+bwd", 128)) > 1.57
 half11 = fa2_ratios(half_dec7e)
 assert len(half11) == 2 * 2 * 12 and min(half11.values()) > 1.05, half11
 assert cudnn_behind(half_dec7e) == [("fp16 13:01", "fwd", 128, True, 16384)]
+# claim 12: the causal lean backward faster at every N, the unmasked one unchanged, the peer
+# timed alike in both processes; the bench of main after it at 1.5x and more at every point
+assert all(ab12[64, n, True] > 1.003 for n in (1024, 4096, 16384)), ab12
+assert all(0.99 < ab12[64, n, False] < 1.01 for n in (1024, 4096, 16384)), ab12
+peer12 = [{(r["d"], r["N"], r["causal"]): r["peer_ms"] for r in json.loads(data_file(
+    f"gpu-time-sums32-{name}-f32-h100-2026-12-07.json").read_text())["rows"]}
+    for name in ("base", "new")]
+assert all(abs(peer12[0][k] / peer12[1][k] - 1) < 0.01 for k in peer12[1]), peer12
+check_runs({"14:04": dec7f["14:04"]}, "float32", day="2026-12-07")
+f32f = {(mode, d, c, n): x for mode in ("fwd", "fwd+bwd") for d, c in PANELS
+        for n, x in over_efficient(dec7f["14:04"], mode, d, c).items()}
+assert len(f32f) == 2 * 12 and min(x for k, x in f32f.items() if k[0] == "fwd") > 1.09
+assert min(x for k, x in f32f.items() if k[0] == "fwd+bwd") > 1.53, f32f
 # its host times: a replayed forward within 2x of SDPA's and under a third of the full call's
 for when, rows in host.items():
     assert rows["API forward"] < 2 * rows["torch flash SDPA (peer)"], (when, rows)
