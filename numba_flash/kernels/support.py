@@ -302,7 +302,8 @@ def make_recompute_p(T, causal, base2=False, select=False, sums32=False):
     sums32 (with select; i, j uint32): the causal test's sums in 32 bits, not the 64 Numba
     widens a sum of uint32s to (lengths are below 2^31): sm90.backward's causal lean kernel
     with dQ out and vector loads, where it paid (2026-12-07: timed in a tree of three such
-    changes, its backward's time as fwd+bwd less fwd)."""
+    changes, its backward's time as fwd+bwd less fwd; on its own at 13:57, fwd+bwd
+    1.005-1.019x at d = 64 causal, docs/experiments.md row 54)."""
     if sums32 and not select:
         raise ValueError("make_recompute_p: sums32 is a form of the select variant (select=True)")
     exp = exp2_approx if base2 else math.exp

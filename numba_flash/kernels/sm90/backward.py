@@ -246,8 +246,9 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     # the causal kernel's P indices and causal sums in 32 bits where it writes dQ (by atomics)
     # and loads by vectors (Numba widens a sum of uint32s to 64): fwd+bwd 1.016 / 1.019 /
     # 1.005x at d = 64 causal N = 1k / 4k / 16k, unmasked 0.997-1.002x (A/B on its own against
-    # main, H100, 2026-12-07 13:57, docs/experiments.md row 54); the same in the unmasked
-    # kernel ran 0.96-0.97x, and the scalar and deterministic ones spilled (row 53)
+    # main, H100, 2026-12-07 13:57, docs/experiments.md row 54); in the unmasked kernel its
+    # backward (fwd+bwd less fwd, row 53's tree) ran 0.96-0.97x, and the scalar and
+    # deterministic kernels spilled with it (docs/performance.md History 12-07 10:35, 11:35)
     SUMS32 = causal and dq_out and vector_loads
     recompute_p = make_recompute_p(float32, causal, select=True, sums32=SUMS32)
     stage = make_stage(False, permuted=True)    # K and V: S's and dP's contraction permuted
