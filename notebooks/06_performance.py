@@ -165,6 +165,11 @@
 # forward+backward **1.54–1.65× at d = 64, 1.58–1.69× at d = 128** torch efficient, within
 # the spread of 12:57's.
 #
+# **Claim 13 (2026-12-07 16:04–16:06, on an H100)** (`gpu-time-dqpass-*`). The deterministic
+# path's unmasked dQ pass with its bounds in 32 bits (claim 11's dQ-pass part) on its own
+# against main 93ca532: deterministic forward+backward **1.005–1.010× at d = 64, 1.013–1.015×
+# at d = 128** unmasked, causal 0.994–1.003× (kernels it does not touch); landed.
+#
 # Ratios are of TFLOP/s in the same run (FLOPs counted as FlashAttention-2 counts them; the
 # backward as 2.5× the forward). How the figures are counted, the chip's ceilings and how the
 # kernels got here, run by run, are in [docs/performance.md](../docs/performance.md); the other
@@ -771,6 +776,22 @@ ratio_panels(dec7f, over_efficient, "wgmma", "f32", F32_TARGET, "wgmma / torch e
              "float32_h100_dec7f")
 
 # %% [markdown]
+# Claim 13: the deterministic dQ pass's unmasked bounds in 32 bits on its own against main
+# 93ca532, deterministic forward+backward float32 (bars at each (N, causal) point, d = 64 and
+# 128; the causal bars time dQ kernels the patch leaves alone).
+
+# %%
+ab13 = speedups("gpu-time-dqpass-base", "gpu-time-dqpass-new")
+fig, ax = plt.subplots(figsize=(8, 3.2))
+ab_bars(ax, {f"fwd+bwd deterministic, d {d}": [ab13[d, n, c] for _, n, c in POINTS]
+             for d in (64, 128)}, (0.96, 1.04),
+        "H100, 2026-12-07 16:04: the deterministic dQ pass's bounds in 32 bits (landed)")
+show(fig, "h100_ab_dec7g")
+for d in (64, 128):
+    print(f"d{d}", " ".join(f"{n // 1024}k{'c' if c else ''} {ab13[d, n, c]:.3f}"
+                            for _, n, c in POINTS))
+
+# %% [markdown]
 # Where claim 6 comes from: host µs of one call at a size where the host bounds the loop
 # (`tools/host_pieces.py`: B = 1, H = 2, N = 128, d = 64, causal, bf16, `wgmma16`), on the two
 # machines of the runs (their hosts differ: compare bars within a run).
@@ -1002,6 +1023,9 @@ peer12 = [{(r["d"], r["N"], r["causal"]): r["peer_ms"] for r in json.loads(data_
     for name in ("base", "new")]
 assert all(abs(peer12[0][k] / peer12[1][k] - 1) < 0.01 for k in peer12[1]), peer12
 check_runs({"14:04": dec7f["14:04"]}, "float32", day="2026-12-07")
+# claim 13: the patched (unmasked) dQ pass faster at every point, the causal ones unchanged
+assert all(ab13[d, n, False] > 1.004 for d in (64, 128) for n in (1024, 4096, 16384)), ab13
+assert all(0.99 < ab13[d, n, True] < 1.01 for d in (64, 128) for n in (1024, 4096, 16384)), ab13
 f32f = {(mode, d, c, n): x for mode in ("fwd", "fwd+bwd") for d, c in PANELS
         for n, x in over_efficient(dec7f["14:04"], mode, d, c).items()}
 assert len(f32f) == 2 * 12 and min(x for k, x in f32f.items() if k[0] == "fwd") > 1.09

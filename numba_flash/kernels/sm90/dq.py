@@ -58,8 +58,11 @@ def make_ds(causal):
                 p = exp_where(s_acc[j], lse1 if hi else lse0, U(8 * (j // 4) + j % 2),
                               lim1 if hi else lim0)
             else:
-                key = n0 + U(8 * (j // 4) + j % 2) + col_t
-                p = recompute_p(s_acc[j], lse1 if hi else lse0, i1 if hi else i0, key, nq, nk)
+                # bounds in 32 bits (Numba widens the sums to 64): deterministic fwd+bwd
+                # 1.005-1.015x unmasked (H100, 2026-12-07 16:04, docs/experiments.md row 55)
+                key = U(n0 + U(8 * (j // 4) + j % 2) + col_t)
+                p = recompute_p(s_acc[j], lse1 if hi else lse0, U(i1 if hi else i0), key, nq,
+                                nk)
             s_acc[j] = p * (dp_acc[j] - (D1 if hi else D0))
     return ds_in_place
 
