@@ -9,7 +9,9 @@ dP = dO V^T, P = exp(S - lse), dS = P (dP - D), dQ += dS K with dS straight from
 accumulator registers as wgmma's A operand against K^T staged with each 8-key group permuted
 (as the forward's P V against V^T), chained per CHAIN = 4 steps; at the end dq = scale dQ.
 
-    d <= 64:        128 threads, 64 query rows; scale Q, K, V, K^T permuted: 128 KiB.
+    d <= 64:        128 threads, 64 query rows; scale Q, K, V, K^T permuted: 128 KiB;
+                    where k and v are 16-byte aligned, the next K/V block copied as stored
+                    into two raw blocks by cp.async while this one is computed (34 KiB more).
     64 < d <= 128:  256 threads, 128 query rows (64 per warpgroup, as the wide forward);
                     K's two halves, V's, K^T's: 192 KiB.
 """
@@ -22,17 +24,22 @@ from numba import cuda, float32
 from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, head_grid, head_index,
                        inlined_device_function, kernel_jit, kv_head, make_recompute_p)
 from ..vector_io import AlignedDispatch
-from .forward import BLOCK_M_WIDE, STAGE_LOADS, split_ds_chain
+from .forward import BLOCK_M_WIDE, STAGE_LOADS, copies_wait_all, split_ds_chain
 from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add,
-                       add_in_turn, clear, make_global_fragment, make_lean_s, make_stage,
-                       make_wide_s, row_stats)
+                       add_in_turn, clear, make_fetch_raw, make_global_fragment, make_lean_s,
+                       make_stage, make_stage_raw, make_wide_s, raw_floats, row_stats)
 from .softmax import causal_key_limits, exp_where
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
 # lean: scale Q, K, V (both K-major over the head dim), K^T permuted; each big then small
 Q_T, K_T, V_T, KT_T = 0, 2 * TILE, 4 * TILE, 6 * TILE
 SCRATCH_AT = 8 * TILE
-NBYTES = 4 * (8 * TILE + (SCRATCH if SIMULATOR else 0))
+# then, with k and v 16-byte aligned, the next block's K and V as stored (64 x 64 each,
+# operands.make_fetch_raw): 162 KiB, one block an SM as without them
+RAW_K_AT = SCRATCH_AT + (SCRATCH if SIMULATOR else 0)
+RAW_V_AT = RAW_K_AT + raw_floats(D_PAD)
+NBYTES = 4 * RAW_K_AT
+NBYTES_RAW = 4 * (RAW_V_AT + raw_floats(D_PAD))
 # wide: K's halves, V's halves (both chain-permuted), K^T's halves (permuted)
 WIDE_K_T, WIDE_V_T, WIDE_KT_T = 0, 2 * HALF, 4 * HALF
 WIDE_SCRATCH_AT = 6 * HALF
@@ -68,16 +75,24 @@ def make_ds(causal):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_dq_kernel(causal, half=False):
+def make_lean_dq_kernel(causal, half=False, raw=False):
     """The dQ kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
     dout, lse, D, dq, scale, heads, group) on (B*H, N, d) float32 arrays; writes dq.
     half: k and v hold half values (exact in TF32): S, dP and dS K skip the products of
-    their zero small parts (wgmma.products' exact="b"), as the forward's S does."""
+    their zero small parts (wgmma.products' exact="b"), as the forward's S does.
+    raw: K and V a block ahead, as the lean forward's V: the next block's rows copied as
+    stored into raw blocks by cp.async once this block's tiles are staged, K, V and K^T split
+    into their tiles from there at the next block's start (k and v 16-byte aligned, d % 4 ==
+    0: `launcher` picks); else the three tiles are staged from global memory at each block's
+    start, between the two barriers (the same tiles bit for bit)."""
     # scale Q and K as the forward stages them (S's contraction permuted in each step), V and
     # dO's fragments (dP's contraction) alike
     stage_q = make_stage(False, permuted=True, loads=STAGE_LOADS)
     stage = make_stage(False, permuted=True)              # K and V
     stage_kt = make_stage(True, permuted=True)            # K^T, each 8-key group permuted
+    fetch_raw = make_fetch_raw(WARPGROUP, D_PAD, column_once=True)
+    stage_raw = make_stage_raw(False, permuted=True, loads=8, columns=D_PAD)     # K, V
+    stage_raw_kt = make_stage_raw(True, permuted=True, loads=8, columns=D_PAD)   # K^T
     s_steps = make_lean_s(K_T, SCRATCH_AT, half)
     prod = products(BLOCK, D_PAD, D_PAD, "b" if half else None)
     step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
@@ -114,13 +129,27 @@ def make_lean_dq_kernel(causal, half=False):
             last = row0 + uBM + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
         n0 = U(0)
+        if raw and n0 < n_end:
+            fetch_raw(sm, U(RAW_K_AT), k, kv, n0, nk, d)
+            fetch_raw(sm, U(RAW_V_AT), v, kv, n0, nk, d)
         while n0 < n_end:
+            if raw:
+                copies_wait_all()                   # this thread's copies of this block
             cuda.syncthreads()                      # every warp is done with the last tiles
-            stage(sm, U(K_T), k, kv, n0, U(0), d, float32(1.0))
-            stage(sm, U(V_T), v, kv, n0, U(0), d, float32(1.0))
-            stage_kt(sm, U(KT_T), k, kv, n0, U(0), d, float32(1.0))
+            if raw:
+                stage_raw(sm, U(K_T), U(RAW_K_AT), U(0))
+                stage_raw(sm, U(V_T), U(RAW_V_AT), U(0))
+                stage_raw_kt(sm, U(KT_T), U(RAW_K_AT), U(0))
+            else:
+                stage(sm, U(K_T), k, kv, n0, U(0), d, float32(1.0))
+                stage(sm, U(V_T), v, kv, n0, U(0), d, float32(1.0))
+                stage_kt(sm, U(KT_T), k, kv, n0, U(0), d, float32(1.0))
             fence_proxy_async()
             cuda.syncthreads()
+            n1 = n0 + uBM
+            if raw and n1 < n_end:      # the raw blocks are read: the next block's K, V
+                fetch_raw(sm, U(RAW_K_AT), k, kv, n1, nk, d)
+                fetch_raw(sm, U(RAW_V_AT), v, kv, n1, nk, d)
             clear(s_acc)                            # S: the forward's steps
             s_steps(sm, s_acc, q_at, 0)
             s_steps(sm, s_acc, q_at, 2)
@@ -146,14 +175,14 @@ def make_lean_dq_kernel(causal, half=False):
             split_ds_chain(a_big, a_small, s_acc, CHAIN)
             add(dq_acc, chained_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), CHAIN,
                                      U(SCRATCH_AT)))
-            n0 += uBM
+            n0 = n1
         for j in range(REGS):
             i = i1 if (j % 4) // 2 else i0
             c = U(8 * (j // 4) + j % 2) + col_t
             if i < nq and c < d:
                 dq[bh, i, c] = dq_acc[j] * scale
 
-    return Launcher(dq_wgmma, NBYTES), WARPGROUP
+    return Launcher(dq_wgmma, NBYTES_RAW if raw else NBYTES), WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)
@@ -260,10 +289,13 @@ def make_wide_dq_kernel(causal, vector_loads, half=False):
 
 @functools.lru_cache(maxsize=None)
 def launcher(d_wide, causal, half=False):
-    """(kernel, threads, block_m): the lean dQ kernel, or the wide one with its vector-load
-    variant where q and dout are 16-byte aligned (AlignedDispatch; the same sums)."""
+    """(kernel, threads, block_m): the lean dQ kernel with K and V a block ahead where k and
+    v are 16-byte aligned, or the wide one with its vector-load variant where q and dout are
+    (AlignedDispatch; the same sums)."""
     if not d_wide:
-        return (*make_lean_dq_kernel(causal, half), BLOCK)
+        raw, threads = make_lean_dq_kernel(causal, half, True)
+        staged = make_lean_dq_kernel(causal, half, False)[0]
+        return AlignedDispatch(raw, staged, (1, 2)), threads, BLOCK
     vector, threads = make_wide_dq_kernel(causal, True, half)
     scalar = make_wide_dq_kernel(causal, False, half)[0]
     return AlignedDispatch(vector, scalar, (0, DOUT_ARG)), threads, BLOCK_M_WIDE
