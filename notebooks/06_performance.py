@@ -173,7 +173,7 @@
 # **Claim 14 (2026-12-07 16:42–16:43, on an H100)** (`gpu-time-dqraw-*`). The lean dQ pass
 # (d ≤ 64) brings K and V a block ahead by cp.async into raw blocks, where it staged them from
 # global memory at each block's start: deterministic forward+backward **1.13–1.19×** at d = 64
-# (causal or not), 0.87–0.98× torch efficient where it was 0.73–0.88×; landed.
+# (causal or not), 0.87–0.98× torch efficient where it was 0.73–0.87×; landed.
 #
 # Ratios are of TFLOP/s in the same run (FLOPs counted as FlashAttention-2 counts them; the
 # backward as 2.5× the forward). How the figures are counted, the chip's ceilings and how the

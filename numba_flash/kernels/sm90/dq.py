@@ -84,7 +84,8 @@ def make_lean_dq_kernel(causal, half=False, raw=False):
     stored into raw blocks by cp.async once this block's tiles are staged, K, V and K^T split
     into their tiles from there at the next block's start (k and v 16-byte aligned, d % 4 ==
     0: `launcher` picks); else the three tiles are staged from global memory at each block's
-    start, between the two barriers (the same tiles bit for bit). raw: deterministic fwd+bwd
+    start, between the two barriers (the same tiles, so the same dq bit for bit: the twin test
+    in tests/test_backward_wgmma.py, on the simulator). raw: deterministic fwd+bwd
     1.13-1.19x in GPU time at d = 64 (H100, 2026-12-07 16:42, docs/experiments.md row 56),
     no spills (the staged kernel: 16 bytes, 36 causal)."""
     # scale Q and K as the forward stages them (S's contraction permuted in each step), V and
