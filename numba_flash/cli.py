@@ -26,6 +26,8 @@ def main(argv=None):
     p_verify.add_argument("--case", action="append", dest="cases", metavar="NAME",
                           help='only the case of this name, e.g. "GQA" (repeatable; default '
                                'all)')
+    p_verify.add_argument("--deterministic", action="store_true",
+                          help="run every backward with deterministic=True (the dQ passes)")
     p_bench = sub.add_parser("bench", help="TFLOP/s and peak memory beside the peers")
     p_bench.add_argument("--json", default="bench.json", help="file for every figure")
     p_bench.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")
@@ -73,7 +75,7 @@ def main(argv=None):
         from . import verify
         return verify.main(numba_flash.SIMULATOR, quiet=args.quiet, kernels=args.kernels,
                            all_pairs=args.all_pairs, case_names=args.cases,
-                           dtypes=args.dtypes)
+                           dtypes=args.dtypes, deterministic=args.deterministic)
     if args.command == "bench":
         if numba_flash.SIMULATOR:
             print("numba-flash bench needs a CUDA GPU; none was found", file=sys.stderr)

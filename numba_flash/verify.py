@@ -35,7 +35,7 @@ def main(*args, **kwargs):
 
 
 def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None, cases=None,
-         progress=None, dtypes=DTYPES):
+         progress=None, dtypes=DTYPES, deterministic=False):
     """Print the table and a summary; return 0 when every row passes, 1 when one fails, 2 for
     a usage error (an unknown kernel or case name, nothing to run).
 
@@ -43,6 +43,8 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
     all_pairs: every registered pair instead. case_names: only the cases of these names;
     cases: the case list itself (default SIMULATOR_CASES on the simulator, else GPU_CASES).
     dtypes: the inputs' dtypes (default every one the API takes, api.DTYPES).
+    deterministic: every backward with deterministic=True (the dQ passes of the pairs that
+    add dQ by atomics).
     progress: show a tqdm bar on stderr (default: when stderr is a terminal)."""
     from tqdm import tqdm
     if all_pairs and kernels:
@@ -74,7 +76,8 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
     chosen = ("the default: what kernel='auto' runs here" if kernels is None
               else "every registered pair" if all_pairs else f"kernels {list(kernels)}")
     print(f"numba-flash verify: {len(cases)} cases x {', '.join(dtypes)} on {where}; "
-          f"{chosen}; forward, then its backward; truth one precision up (float64 in "
+          f"{chosen}; forward, then its backward"
+          f"{' (deterministic=True)' if deterministic else ''}; truth one precision up (float64 in "
           f"{ns.name}{' on the GPU' if ns.on_gpu else ''}, long double in numpy)")
     t0 = time.time()
     if not simulator and cache.enabled():
@@ -91,7 +94,8 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
         bar.set_postfix_str(f"{pair} {st.dtype} {st.case.name}; {failed} failed")
 
     try:
-        for row in run_checks(cases, ns=ns, on_step=step_done, steps=steps):
+        for row in run_checks(cases, ns=ns, on_step=step_done, steps=steps,
+                              deterministic=deterministic):
             rows += 1
             failed += not row["ok"]
             if quiet and row["ok"]:

@@ -62,6 +62,26 @@ def test_kernel_and_case_choose_the_rows(capsys):
     assert "1 cases, 1 pair, 10 rows: all passed" in out
 
 
+@pytest.mark.parametrize("flag", [False, True], ids=["atomic dQ", "--deterministic"])
+def test_deterministic_flag_reaches_every_backward(flag, monkeypatch, capsys):
+    """--deterministic runs every backward with deterministic=True (the dQ passes), and the
+    rows still pass; without it, none does."""
+    from numba_flash.testing import campaign
+    seen = []
+
+    def backward(*args, **kwargs):
+        seen.append(kwargs.get("deterministic"))
+        return real(*args, **kwargs)
+
+    real = campaign.flash_attention_backward
+    monkeypatch.setattr(campaign, "flash_attention_backward", backward)
+    argv = ["verify", "--kernel", "fa2", "--case", "Nq != Nk", "--dtype", "float32"]
+    assert cli.main(argv + (["--deterministic"] if flag else [])) == 0
+    out = capsys.readouterr().out
+    assert seen == [flag] and "1 cases, 1 pair, 5 rows: all passed" in out
+    assert ("(deterministic=True)" in out) == flag
+
+
 def test_a_failing_pair_exits_one():
     with mutants.registered("D left out of dS") as kernel:
         assert verify.main(True, kernels=[kernel], cases=[TINY], quiet=True) == 1

@@ -139,14 +139,16 @@ def case_truth(case, dtype, ns=None):
 
 
 def run_checks(cases, dtypes=DTYPES, kernels=None, ns=None, on_step=None,
-               steps=None):
+               steps=None, deterministic=False):
     """Yield one row per (pair, dtype, case, output): dict with kernel ("fwd/NAME" or
     "bwd/NAME", NAME the pair that ran), pair, dtype, case, output, max_err, allowed, ok, note.
     Each pair runs its forward, then its backward on that forward's out and lse.
     kernels: registered names or "auto" (default ["auto"]: what the API runs by default);
     see plan(), or pass its `steps`. Truth is computed once per (case, dtype) for all pairs,
     ahead, by a few threads (NumPy's long double loops and BLAS let go of the GIL), in
-    truth.Namespace `ns` (default NumPy). on_step(step, pair) is called after each pair."""
+    truth.Namespace `ns` (default NumPy). on_step(step, pair) is called after each pair.
+    deterministic: the backwards run with deterministic=True (the pairs that add dQ by
+    atomics run their dQ pass instead)."""
     steps = plan(cases, dtypes, kernels) if steps is None else steps
     pool = ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)))
     try:
@@ -162,7 +164,7 @@ def run_checks(cases, dtypes=DTYPES, kernels=None, ns=None, on_step=None,
                 for c in check_forward(q, k, v, out, lse, causal=case.causal, truth=f_truth):
                     yield _row("fwd", name, st.dtype, case, c)
                 grads = flash_attention_backward(dout, q, k, v, out, lse, causal=case.causal,
-                                                 kernel=name)
+                                                 kernel=name, deterministic=deterministic)
                 for c in check_backward(dout, q, k, v, *grads, causal=case.causal,
                                         truth=b_truth):
                     yield _row("bwd", name, st.dtype, case, c)
