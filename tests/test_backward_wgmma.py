@@ -57,24 +57,28 @@ def test_deterministic_dq_pass_within_tolerance_and_dk_dv_as_the_atomic_path(cas
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
-def test_lean_dq_pass_from_raw_blocks_gives_the_staged_twins_bits(causal):
-    """The lean dQ pass's twin for 16-byte aligned k and v copies the next K/V block by
-    cp.async into raw blocks and splits K, V and K^T into their tiles from there; the other
-    stages them from global memory. Same tiles, so the same dq bit for bit: two K/V blocks,
-    the last partial (zeros past Nk from the copies' zero fill), unmasked or causal (Nq < Nk:
-    rows 14-19 see part of the second), GQA, d = 12 (zeros past d). (The simulator's copies
-    land at once: a missing wait or barrier shows only on the GPU, under racecheck.)"""
+@pytest.mark.parametrize("d", [12, 68], ids=["lean: two blocks an SM", "wide: K from a raw block"])
+def test_dq_pass_twins_give_the_staged_twins_bits(d, causal):
+    """The dQ pass's twin for 16-byte aligned inputs copies the next block's K by cp.async
+    into a raw block and splits K and K^T from there; the lean one (make_lean_dq_kernel_two,
+    two blocks an SM) also reads scale Q's A fragments from global memory, S and dP a step
+    each per wait, where the staged one stages scale Q and forms S two steps per wait. Same
+    operands, each step's product added in the same order, so the same dq bit for bit: two
+    K/V blocks, the last partial (zeros past Nk from the copies' zero fill), unmasked or
+    causal (Nq < Nk: rows 14-19 see part of the second), GQA, d = 12 (lean) or 68 (wide: 4
+    columns in the upper half), zeros past d. (The simulator's copies land at once: a missing
+    wait or barrier shows only on the GPU, under racecheck.)"""
     from numba_flash.kernels.sm90 import dq as sm90_dq
     from numba_flash.kernels.support import head_grid
     from numba_flash.kernels.vector_io import aligned
-    case = Case("two K/V blocks, GQA", 1, 2, 1, 20, 70, 12, causal=causal)
+    case = Case("two K/V blocks, GQA", 1, 2, 1, 20, 70, d, causal=causal)
     q, k, v, dout = case.inputs(np.float32)
     out, lse = flash_attention_forward(q, k, v, causal=causal, kernel="wgmma")
     q3, k3, v3, do3, o3 = (x.reshape(-1, x.shape[2], case.d) for x in (q, k, v, dout, out))
     lse2 = lse.reshape(q3.shape[:2]).astype(np.float32)
     D = (do3.astype(np.float64) * o3).sum(-1).astype(np.float32)
-    assert aligned(k3, v3)
-    dispatch, threads, _ = sm90_dq.launcher(False, causal)
+    assert aligned(q3, k3, v3, do3)
+    dispatch, threads, _ = sm90_dq.launcher(d > 64, causal)
     results = []
     for kernel in (dispatch.vector, dispatch.scalar):
         dq = np.zeros_like(q3)

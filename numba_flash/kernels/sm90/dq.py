@@ -9,9 +9,10 @@ dP = dO V^T, P = exp(S - lse), dS = P (dP - D), dQ += dS K with dS straight from
 accumulator registers as wgmma's A operand against K^T staged with each 8-key group permuted
 (as the forward's P V against V^T), chained per CHAIN = 4 steps; at the end dq = scale dQ.
 
-    d <= 64:        128 threads, 64 query rows; scale Q, K, V, K^T permuted: 128 KiB;
-                    where k and v are 16-byte aligned, the next K/V block copied as stored
-                    into two raw blocks by cp.async while this one is computed (34 KiB more).
+    d <= 64:        128 threads, 64 query rows; where k is 16-byte aligned (d % 4 == 0),
+                    K, V, K^T permuted and the next block's K as stored (a raw block,
+                    cp.async), scale Q read from global memory: 113 KiB, two blocks an SM
+                    (make_lean_dq_kernel_two); else scale Q, K, V, K^T staged: 128 KiB.
     64 < d <= 128:  256 threads, 128 query rows (64 per warpgroup, as the wide forward);
                     K's two halves, V's, K^T's: 192 KiB.
 """
@@ -25,25 +26,32 @@ from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, head_grid, head_
                        inlined_device_function, kernel_jit, kv_head, make_recompute_p)
 from ..vector_io import AlignedDispatch
 from .forward import BLOCK_M_WIDE, STAGE_LOADS, copies_wait_all, split_ds_chain
-from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, REGS, STEP_FLOATS, STEPS, TILE, add,
+from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, RAW_FLOATS, REGS, STEP_FLOATS, STEPS,
+                       TILE, add, add2,
                        add_in_turn, clear, make_fetch_raw, make_global_fragment, make_lean_s,
-                       make_stage, make_stage_raw, make_wide_s, raw_floats, row_stats)
+                       make_stage, make_stage_raw, make_wide_s, raw_floats, row_stats,
+                       split_fragment)
 from .softmax import causal_key_limits, exp_where
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
 # lean: scale Q, K, V (both K-major over the head dim), K^T permuted; each big then small
 Q_T, K_T, V_T, KT_T = 0, 2 * TILE, 4 * TILE, 6 * TILE
 SCRATCH_AT = 8 * TILE
-# then, with k and v 16-byte aligned, the next block's K and V as stored (64 x 64 each,
-# operands.make_fetch_raw): 162 KiB, one block an SM as without them
-RAW_K_AT = SCRATCH_AT + (SCRATCH if SIMULATOR else 0)
-RAW_V_AT = RAW_K_AT + raw_floats(D_PAD)
-NBYTES = 4 * RAW_K_AT
-NBYTES_RAW = 4 * (RAW_V_AT + raw_floats(D_PAD))
+NBYTES = 4 * (SCRATCH_AT + (SCRATCH if SIMULATOR else 0))
+# two blocks an SM (make_lean_dq_kernel_two): K, V, K^T permuted; then K as stored, a block
+# ahead: 113 KiB a block, two fill the SM's 228 KiB (1 KiB of each block's is the system's)
+TWO_K_T, TWO_V_T, TWO_KT_T = 0, 2 * TILE, 4 * TILE
+TWO_SCRATCH_AT = 6 * TILE
+TWO_RAW_K_AT = TWO_SCRATCH_AT + (SCRATCH if SIMULATOR else 0)
+TWO_NBYTES = 4 * (TWO_RAW_K_AT + raw_floats(D_PAD))
 # wide: K's halves, V's halves (both chain-permuted), K^T's halves (permuted)
 WIDE_K_T, WIDE_V_T, WIDE_KT_T = 0, 2 * HALF, 4 * HALF
 WIDE_SCRATCH_AT = 6 * HALF
 WIDE_NBYTES = 4 * (6 * HALF + (2 * SCRATCH if SIMULATOR else 0))
+# then, with vector loads, the next block's K as stored (64 x 128, operands.make_fetch_raw):
+# 225 KiB, under the 227 a block may take
+WIDE_RAW_K_AT = 6 * HALF + (2 * SCRATCH if SIMULATOR else 0)
+WIDE_NBYTES_RAW = 4 * (WIDE_RAW_K_AT + RAW_FLOATS)
 DOUT_ARG = 3                # dout's position in the arguments (q's is 0)
 
 
@@ -75,27 +83,19 @@ def make_ds(causal):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_dq_kernel(causal, half=False, raw=False):
+def make_lean_dq_kernel(causal, half=False):
     """The dQ kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
     dout, lse, D, dq, scale, heads, group) on (B*H, N, d) float32 arrays; writes dq.
     half: k and v hold half values (exact in TF32): S, dP and dS K skip the products of
     their zero small parts (wgmma.products' exact="b"), as the forward's S does.
-    raw: K and V a block ahead, as the lean forward's V: the next block's rows copied as
-    stored into raw blocks by cp.async once this block's tiles are staged, K, V and K^T split
-    into their tiles from there at the next block's start (k and v 16-byte aligned, d % 4 ==
-    0: `launcher` picks); else the three tiles are staged from global memory at each block's
-    start, between the two barriers (the same tiles, so the same dq bit for bit: the twin test
-    in tests/test_backward_wgmma.py, on the simulator). raw: deterministic fwd+bwd
-    1.13-1.19x in GPU time at d = 64 (H100, 2026-12-07 16:42, docs/experiments.md row 56),
-    no spills (the staged kernel: 16 bytes, 36 causal)."""
+    K, V and K^T staged from global memory at each block's start, between the two barriers:
+    128 KiB, one block an SM; the kernel for misaligned k (make_lean_dq_kernel_two where k
+    is 16-byte aligned)."""
     # scale Q and K as the forward stages them (S's contraction permuted in each step), V and
     # dO's fragments (dP's contraction) alike
     stage_q = make_stage(False, permuted=True, loads=STAGE_LOADS)
     stage = make_stage(False, permuted=True)              # K and V
     stage_kt = make_stage(True, permuted=True)            # K^T, each 8-key group permuted
-    fetch_raw = make_fetch_raw(WARPGROUP, D_PAD, column_once=True)
-    stage_raw = make_stage_raw(False, permuted=True, loads=8, columns=D_PAD)     # K, V
-    stage_raw_kt = make_stage_raw(True, permuted=True, loads=8, columns=D_PAD)   # K^T
     s_steps = make_lean_s(K_T, SCRATCH_AT, half)
     prod = products(BLOCK, D_PAD, D_PAD, "b" if half else None)
     step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
@@ -132,27 +132,14 @@ def make_lean_dq_kernel(causal, half=False, raw=False):
             last = row0 + uBM + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
         n0 = U(0)
-        if raw and n0 < n_end:
-            fetch_raw(sm, U(RAW_K_AT), k, kv, n0, nk, d)
-            fetch_raw(sm, U(RAW_V_AT), v, kv, n0, nk, d)
         while n0 < n_end:
-            if raw:
-                copies_wait_all()                   # this thread's copies of this block
             cuda.syncthreads()                      # every warp is done with the last tiles
-            if raw:
-                stage_raw(sm, U(K_T), U(RAW_K_AT), U(0))
-                stage_raw(sm, U(V_T), U(RAW_V_AT), U(0))
-                stage_raw_kt(sm, U(KT_T), U(RAW_K_AT), U(0))
-            else:
-                stage(sm, U(K_T), k, kv, n0, U(0), d, float32(1.0))
-                stage(sm, U(V_T), v, kv, n0, U(0), d, float32(1.0))
-                stage_kt(sm, U(KT_T), k, kv, n0, U(0), d, float32(1.0))
+            stage(sm, U(K_T), k, kv, n0, U(0), d, float32(1.0))
+            stage(sm, U(V_T), v, kv, n0, U(0), d, float32(1.0))
+            stage_kt(sm, U(KT_T), k, kv, n0, U(0), d, float32(1.0))
             fence_proxy_async()
             cuda.syncthreads()
             n1 = n0 + uBM
-            if raw and n1 < n_end:      # the raw blocks are read: the next block's K, V
-                fetch_raw(sm, U(RAW_K_AT), k, kv, n1, nk, d)
-                fetch_raw(sm, U(RAW_V_AT), v, kv, n1, nk, d)
             clear(s_acc)                            # S: the forward's steps
             s_steps(sm, s_acc, q_at, 0)
             s_steps(sm, s_acc, q_at, 2)
@@ -185,15 +172,117 @@ def make_lean_dq_kernel(causal, half=False, raw=False):
             if i < nq and c < d:
                 dq[bh, i, c] = dq_acc[j] * scale
 
-    return Launcher(dq_wgmma, NBYTES_RAW if raw else NBYTES), WARPGROUP
+    return Launcher(dq_wgmma, NBYTES), WARPGROUP
+
+
+@functools.lru_cache(maxsize=None)
+def make_lean_dq_kernel_two(causal, half=False):
+    """make_lean_dq_kernel's dQ kernel (grid, threads, arguments, sums: the same dq bit for
+    bit) in 113 KiB, so that two blocks share an SM: scale Q's A fragments read from global
+    memory a step ahead and split in registers, no Q tile (as the lean dK/dV kernel forms S:
+    S and dP one step each per tensor-core wait, each step added in order, as the forward's
+    two-step waits add theirs); the next K/V block's K copied as stored into a raw block by
+    cp.async once this block's tiles are staged, K and K^T split from there; V staged from
+    global memory between the barriers. Needs k 16-byte aligned and d % 4 == 0."""
+    stage = make_stage(False, permuted=True)              # V
+    fetch_raw = make_fetch_raw(WARPGROUP, D_PAD, column_once=True)
+    stage_raw = make_stage_raw(False, permuted=True, loads=8, columns=D_PAD)     # K
+    stage_raw_kt = make_stage_raw(True, permuted=True, loads=8, columns=D_PAD)   # K^T
+    prod = products(BLOCK, D_PAD, D_PAD, "b" if half else None)
+    step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
+    elements = make_global_fragment(False, split=False, step_permuted=True)
+    ds_in_place = make_ds(causal)
+    uBM = U(BLOCK)
+
+    @kernel_jit(WARPGROUP)
+    def dq_wgmma_two(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        head = head_index()
+        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
+            return
+        bh = U(head)
+        kv = U(kv_head(head, heads, group))
+        tid = U(cuda.threadIdx.x)
+        warp, lane = tid // U(32), tid % U(32)
+        row0 = U(cuda.blockIdx.x) * uBM
+        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
+        g4, t4 = lane // U(4), lane % U(4)
+        row, col_t = warp * U(16) + g4, t4 * U(2)
+        i0, i1 = row0 + row, row0 + row + U(8)
+        s_acc = cuda.local.array(REGS, float32)          # S, then dS
+        dp_acc = cuda.local.array(REGS, float32)         # dP
+        dq_acc = cuda.local.array(REGS, float32)         # dQ / scale
+        a_big = cuda.local.array(CHAIN_A, float32)       # dS's A fragments, split
+        a_small = cuda.local.array(CHAIN_A, float32)
+        lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
+        clear(dq_acc)
+        n_end = nk
+        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
+            last = row0 + uBM + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        n0 = U(0)
+        if n0 < n_end:
+            fetch_raw(sm, U(TWO_RAW_K_AT), k, kv, n0, nk, d)
+        while n0 < n_end:
+            copies_wait_all()                       # this thread's copies of this block's K
+            cuda.syncthreads()                      # every warp is done with the last tiles
+            stage_raw(sm, U(TWO_K_T), U(TWO_RAW_K_AT), U(0))
+            stage_raw_kt(sm, U(TWO_KT_T), U(TWO_RAW_K_AT), U(0))
+            stage(sm, U(TWO_V_T), v, kv, n0, U(0), d, float32(1.0))
+            fence_proxy_async()
+            cuda.syncthreads()
+            n1 = n0 + uBM
+            if n1 < n_end:              # the raw block is read: the next block's K into it
+                fetch_raw(sm, U(TWO_RAW_K_AT), k, kv, n1, nk, d)
+            # S = (scale Q) K^T and dP = dO V^T, a step of each per wait; Q's and dO's rows
+            # re-read from L1 / L2 per K/V block (opaque_zero: not hoisted out of the loop)
+            m0 = row0 + opaque_zero()
+            clear(s_acc)
+            clear(dp_acc)
+            xq = elements(q, bh, m0, 0, d, warp, lane)
+            xdo = elements(dout, bh, m0, 0, d, warp, lane)
+            for s in range(STEPS):
+                q_big, q_small = split_fragment(xq, scale)
+                do_big, do_small = split_fragment(xdo, float32(1.0))
+                xq = elements(q, bh, m0, s + 1, d, warp, lane)      # (past d: zeros)
+                xdo = elements(dout, bh, m0, s + 1, d, warp, lane)
+                add2(s_acc, dp_acc, step2_regs(sm, q_big, q_small, U(TWO_K_T),
+                                               U(TWO_K_T + TILE), do_big, do_small,
+                                               U(TWO_V_T), U(TWO_V_T + TILE), s,
+                                               U(TWO_SCRATCH_AT)))
+            ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk)
+            # dQ += dS K: dS's C fragment is the A fragment against the permuted K^T
+            split_ds_chain(a_big, a_small, s_acc, 0)
+            add(dq_acc, chained_regs(sm, a_big, a_small, U(TWO_KT_T), U(TWO_KT_T + TILE), 0,
+                                     U(TWO_SCRATCH_AT)))
+            split_ds_chain(a_big, a_small, s_acc, CHAIN)
+            add(dq_acc, chained_regs(sm, a_big, a_small, U(TWO_KT_T), U(TWO_KT_T + TILE),
+                                     CHAIN, U(TWO_SCRATCH_AT)))
+            n0 = n1
+        for j in range(REGS):
+            i = i1 if (j % 4) // 2 else i0
+            c = U(8 * (j // 4) + j % 2) + col_t
+            if i < nq and c < d:
+                dq[bh, i, c] = dq_acc[j] * scale
+
+    return Launcher(dq_wgmma_two, TWO_NBYTES), WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)
 def make_wide_dq_kernel(causal, vector_loads, half=False):
     """The dQ kernel for 64 < d <= 128: grid (ceil(Nq / 128), B*H), 256 threads, the lean
-    dQ kernel's arguments. vector_loads: q's and dout's runs of 8 read 16 bytes at a time (both
-    16-byte aligned, d % 4 == 0: `launcher` picks). half: as make_lean_dq_kernel's."""
+    dQ kernel's arguments. vector_loads: q's and dout's runs of 8 read 16 bytes at a time, and
+    K a block ahead: the next block's K copied as stored into a raw block by cp.async once
+    this block's tiles are staged, K's and K^T's halves split from there (q, k, dout 16-byte
+    aligned, d % 4 == 0: `launcher` picks); else K's halves and K^T's are staged from global
+    memory at each block's start. Warpgroup g stages column half g of K, V and K^T. half: as
+    make_lean_dq_kernel's."""
+    RAW_K = vector_loads
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)   # K, V
+    # (column_once: ptxas spills 56 / 40 bytes unmasked / causal, 192 / 212 without it)
+    fetch_raw = make_fetch_raw(2 * WARPGROUP, column_once=True)
+    stage_raw = make_stage_raw(False, chain_permuted=True, loads=STAGE_LOADS)   # K
+    stage_raw_kt = make_stage_raw(True, permuted=True, loads=STAGE_LOADS)       # K^T
     stage_kt = make_stage(True, permuted=True, per_warpgroup=True)       # K^T
     s_chain = make_wide_s(WIDE_K_T, vector_loads, half)     # S: the wide forward's
     dp_chain = make_wide_s(WIDE_V_T, vector_loads, half)    # dP = dO V^T alike
@@ -229,21 +318,33 @@ def make_wide_dq_kernel(causal, vector_loads, half=False):
         lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
         clear(dq0)
         clear(dq1)
-        kv_src = k if wg == U(0) else v             # wg 0 stages K's halves, wg 1 V's
-        at = U(WIDE_K_T) + wg * U(2 * HALF)
+        col0 = wg * U(D_PAD)                        # this warpgroup's column half
         n_end = nk
         if causal:
             last = block0 + U(BLOCK_M_WIDE) + nk
             n_end = min(nk, last - nq) if last > nq else U(0)
         n0 = U(0)
+        if RAW_K and n0 < n_end:
+            fetch_raw(sm, U(WIDE_RAW_K_AT), k, kv, n0, nk, d)
         while n0 < n_end:
+            if RAW_K:
+                copies_wait_all()                   # this thread's copies of this block's K
             cuda.syncthreads()
-            stage(sm, at, kv_src, kv, n0, U(0), d, float32(1.0))
-            stage(sm, at + U(HALF), kv_src, kv, n0, U(D_PAD), d, float32(1.0))
-            stage_kt(sm, U(WIDE_KT_T) + wg * U(HALF), k, kv, n0, wg * U(D_PAD), d,
-                     float32(1.0))
+            if RAW_K:       # warpgroup g: column half g of K, K^T (from the raw block), V
+                stage_raw(sm, U(WIDE_K_T) + wg * U(HALF), U(WIDE_RAW_K_AT), col0)
+                stage_raw_kt(sm, U(WIDE_KT_T) + wg * U(HALF), U(WIDE_RAW_K_AT), col0)
+                stage(sm, U(WIDE_V_T) + wg * U(HALF), v, kv, n0, col0, d, float32(1.0))
+            else:           # warpgroup 0: K's halves, 1: V's; each one half of K^T
+                kv_src = k if wg == U(0) else v
+                at = U(WIDE_K_T) + wg * U(2 * HALF)
+                stage(sm, at, kv_src, kv, n0, U(0), d, float32(1.0))
+                stage(sm, at + U(HALF), kv_src, kv, n0, U(D_PAD), d, float32(1.0))
+                stage_kt(sm, U(WIDE_KT_T) + wg * U(HALF), k, kv, n0, col0, d, float32(1.0))
             fence_proxy_async()
             cuda.syncthreads()
+            n1 = n0 + uBN
+            if RAW_K and n1 < n_end:    # the raw block is read: the next block's K into it
+                fetch_raw(sm, U(WIDE_RAW_K_AT), k, kv, n1, nk, d)
             q_row0 = row0 + opaque_zero()           # (re-read from L1 / L2: forward.py)
             clear(s_acc)
             s_chain(sm, s_acc, q, bh, q_row0, scale, d, warp, lane, 0, x, a_big, a_small,
@@ -277,7 +378,7 @@ def make_wide_dq_kernel(causal, vector_loads, half=False):
                                   scratch))
             add(dq1, chained_regs(sm, a_big, a_small, U(WIDE_KT_T + HALF),
                                   U(WIDE_KT_T + HALF + TILE), CHAIN, scratch))
-            n0 += uBN
+            n0 = n1
         for j in range(REGS):
             i = i1 if (j % 4) // 2 else i0
             c = U(8 * (j // 4) + j % 2) + col_t
@@ -287,21 +388,21 @@ def make_wide_dq_kernel(causal, vector_loads, half=False):
                 if c + U(D_PAD) < d:
                     dq[bh, i, c + U(D_PAD)] = dq1[j] * scale
 
-    return Launcher(dq_wgmma_wide, WIDE_NBYTES), 2 * WARPGROUP
+    return Launcher(dq_wgmma_wide, WIDE_NBYTES_RAW if RAW_K else WIDE_NBYTES), 2 * WARPGROUP
 
 
 @functools.lru_cache(maxsize=None)
 def launcher(d_wide, causal, half=False):
-    """(kernel, threads, block_m): the lean dQ kernel with K and V a block ahead where k and
-    v are 16-byte aligned, or the wide one with its vector-load variant where q and dout are
-    (AlignedDispatch; the same sums)."""
+    """(kernel, threads, block_m): the lean dQ kernel, two blocks an SM where k is 16-byte
+    aligned, or the wide one with its vector-load variant (and K a block ahead) where q, k
+    and dout are (AlignedDispatch; the same sums)."""
     if not d_wide:
-        raw, threads = make_lean_dq_kernel(causal, half, True)
-        staged = make_lean_dq_kernel(causal, half, False)[0]
-        return AlignedDispatch(raw, staged, (1, 2)), threads, BLOCK
+        two, threads = make_lean_dq_kernel_two(causal, half)
+        staged = make_lean_dq_kernel(causal, half)[0]
+        return AlignedDispatch(two, staged, (1,)), threads, BLOCK
     vector, threads = make_wide_dq_kernel(causal, True, half)
     scalar = make_wide_dq_kernel(causal, False, half)[0]
-    return AlignedDispatch(vector, scalar, (0, DOUT_ARG)), threads, BLOCK_M_WIDE
+    return AlignedDispatch(vector, scalar, (0, 1, DOUT_ARG)), threads, BLOCK_M_WIDE
 
 
 def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal, stream=0, half=False):
