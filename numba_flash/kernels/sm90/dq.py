@@ -183,7 +183,9 @@ def make_lean_dq_kernel_two(causal, half=False):
     S and dP one step each per tensor-core wait, each step added in order, as the forward's
     two-step waits add theirs); the next K/V block's K copied as stored into a raw block by
     cp.async once this block's tiles are staged, K and K^T split from there; V staged from
-    global memory between the barriers. Needs k 16-byte aligned and d % 4 == 0."""
+    global memory between the barriers. Needs k 16-byte aligned and d % 4 == 0. Against the
+    one-block kernel with K and V a block ahead that it replaced: deterministic fwd+bwd
+    1.107-1.149x at d = 64 (H100, 2026-12-07 19:13, docs/experiments.md row 57)."""
     stage = make_stage(False, permuted=True)              # V
     fetch_raw = make_fetch_raw(WARPGROUP, D_PAD, column_once=True)
     stage_raw = make_stage_raw(False, permuted=True, loads=8, columns=D_PAD)     # K
@@ -276,7 +278,8 @@ def make_wide_dq_kernel(causal, vector_loads, half=False):
     this block's tiles are staged, K's and K^T's halves split from there (q, k, dout 16-byte
     aligned, d % 4 == 0: `launcher` picks); else K's halves and K^T's are staged from global
     memory at each block's start. Warpgroup g stages column half g of K, V and K^T. half: as
-    make_lean_dq_kernel's."""
+    make_lean_dq_kernel's. K a block ahead: deterministic fwd+bwd 1.003-1.033x at d = 128
+    (H100, 2026-12-07 19:13, docs/experiments.md row 58)."""
     RAW_K = vector_loads
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)   # K, V
     # (column_once: ptxas spills 56 / 40 bytes unmasked / causal, 192 / 212 without it)
