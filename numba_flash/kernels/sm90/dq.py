@@ -83,6 +83,49 @@ def make_ds(causal):
 
 
 @functools.lru_cache(maxsize=None)
+def make_lean_key_end(causal):
+    """key_end(row0, nq, nk): the keys the lean dQ kernels' Q block (rows row0..row0 + 63)
+    runs over, 0 .. this. Causal: key j is visible to query i iff j + nq <= i + nk; none past
+    the block."""
+    @inlined_device_function
+    def key_end(row0, nq, nk):
+        n_end = nk
+        if causal:
+            last = row0 + U(BLOCK) + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        return n_end
+    return key_end
+
+
+@functools.lru_cache(maxsize=None)
+def make_add_ds_k(kt_at, scratch_at, half):
+    """add_ds_k(sm, dq_acc, a_big, a_small, s_acc): dQ += dS K for the lean dQ kernels, dS's C
+    fragment (s_acc) split as the A fragment against the permuted K^T tile at kt_at, one chain
+    of CHAIN steps after the other. half: K^T's zero small parts' products not issued."""
+    chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
+
+    @inlined_device_function
+    def add_ds_k(sm, dq_acc, a_big, a_small, s_acc):
+        split_ds_chain(a_big, a_small, s_acc, 0)
+        add(dq_acc, chained_regs(sm, a_big, a_small, U(kt_at), U(kt_at + TILE), 0,
+                                 U(scratch_at)))
+        split_ds_chain(a_big, a_small, s_acc, CHAIN)
+        add(dq_acc, chained_regs(sm, a_big, a_small, U(kt_at), U(kt_at + TILE), CHAIN,
+                                 U(scratch_at)))
+    return add_ds_k
+
+
+@inlined_device_function
+def store_lean_dq(dq, dq_acc, bh, i0, i1, col_t, nq, d, scale):
+    """dq[bh, rows i0 / i1, columns] = scale dQ from the lean dQ kernels' accumulator."""
+    for j in range(REGS):
+        i = i1 if (j % 4) // 2 else i0
+        c = U(8 * (j // 4) + j % 2) + col_t
+        if i < nq and c < d:
+            dq[bh, i, c] = dq_acc[j] * scale
+
+
+@functools.lru_cache(maxsize=None)
 def make_lean_dq_kernel(causal, half=False):
     """The dQ kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
     dout, lse, D, dq, scale, heads, group) on (B*H, N, d) float32 arrays; writes dq.
@@ -98,7 +141,9 @@ def make_lean_dq_kernel(causal, half=False):
     stage_kt = make_stage(True, permuted=True)            # K^T, each 8-key group permuted
     s_steps = make_lean_s(K_T, SCRATCH_AT, half)
     prod = products(BLOCK, D_PAD, D_PAD, "b" if half else None)
-    step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
+    step2_regs = prod["step2_3xtf32_regs"]
+    add_ds_k = make_add_ds_k(KT_T, SCRATCH_AT, half)
+    key_end = make_lean_key_end(causal)
     fragment = make_global_fragment(False, step_permuted=True)
     ds_in_place = make_ds(causal)
     uBM = U(BLOCK)
@@ -127,10 +172,7 @@ def make_lean_dq_kernel(causal, half=False):
         q_at = U(Q_T) + warp * U(1024) + lane
         lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
         clear(dq_acc)
-        n_end = nk
-        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
-            last = row0 + uBM + nk
-            n_end = min(nk, last - nq) if last > nq else U(0)
+        n_end = key_end(row0, nq, nk)
         n0 = U(0)
         while n0 < n_end:
             cuda.syncthreads()                      # every warp is done with the last tiles
@@ -158,19 +200,9 @@ def make_lean_dq_kernel(causal, half=False):
                                                U(V_T + TILE + STEP_FLOATS), s,
                                                U(SCRATCH_AT)))
             ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk)
-            # dQ += dS K: dS's C fragment is the A fragment against the permuted K^T
-            split_ds_chain(a_big, a_small, s_acc, 0)
-            add(dq_acc, chained_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), 0,
-                                     U(SCRATCH_AT)))
-            split_ds_chain(a_big, a_small, s_acc, CHAIN)
-            add(dq_acc, chained_regs(sm, a_big, a_small, U(KT_T), U(KT_T + TILE), CHAIN,
-                                     U(SCRATCH_AT)))
+            add_ds_k(sm, dq_acc, a_big, a_small, s_acc)     # dQ += dS K
             n0 = n1
-        for j in range(REGS):
-            i = i1 if (j % 4) // 2 else i0
-            c = U(8 * (j // 4) + j % 2) + col_t
-            if i < nq and c < d:
-                dq[bh, i, c] = dq_acc[j] * scale
+        store_lean_dq(dq, dq_acc, bh, i0, i1, col_t, nq, d, scale)
 
     return Launcher(dq_wgmma, NBYTES), WARPGROUP
 
@@ -191,7 +223,9 @@ def make_lean_dq_kernel_two(causal, half=False):
     stage_raw = make_stage_raw(False, permuted=True, loads=8, columns=D_PAD)     # K
     stage_raw_kt = make_stage_raw(True, permuted=True, loads=8, columns=D_PAD)   # K^T
     prod = products(BLOCK, D_PAD, D_PAD, "b" if half else None)
-    step2_regs, chained_regs = prod["step2_3xtf32_regs"], prod["chained_3xtf32_regs"]
+    step2_regs = prod["step2_3xtf32_regs"]
+    add_ds_k = make_add_ds_k(TWO_KT_T, TWO_SCRATCH_AT, half)
+    key_end = make_lean_key_end(causal)
     elements = make_global_fragment(False, split=False, step_permuted=True)
     ds_in_place = make_ds(causal)
     uBM = U(BLOCK)
@@ -218,10 +252,7 @@ def make_lean_dq_kernel_two(causal, half=False):
         a_small = cuda.local.array(CHAIN_A, float32)
         lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
         clear(dq_acc)
-        n_end = nk
-        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
-            last = row0 + uBM + nk
-            n_end = min(nk, last - nq) if last > nq else U(0)
+        n_end = key_end(row0, nq, nk)
         n0 = U(0)
         if n0 < n_end:
             fetch_raw(sm, U(TWO_RAW_K_AT), k, kv, n0, nk, d)
@@ -253,19 +284,9 @@ def make_lean_dq_kernel_two(causal, half=False):
                                                U(TWO_V_T), U(TWO_V_T + TILE), s,
                                                U(TWO_SCRATCH_AT)))
             ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk)
-            # dQ += dS K: dS's C fragment is the A fragment against the permuted K^T
-            split_ds_chain(a_big, a_small, s_acc, 0)
-            add(dq_acc, chained_regs(sm, a_big, a_small, U(TWO_KT_T), U(TWO_KT_T + TILE), 0,
-                                     U(TWO_SCRATCH_AT)))
-            split_ds_chain(a_big, a_small, s_acc, CHAIN)
-            add(dq_acc, chained_regs(sm, a_big, a_small, U(TWO_KT_T), U(TWO_KT_T + TILE),
-                                     CHAIN, U(TWO_SCRATCH_AT)))
+            add_ds_k(sm, dq_acc, a_big, a_small, s_acc)     # dQ += dS K
             n0 = n1
-        for j in range(REGS):
-            i = i1 if (j % 4) // 2 else i0
-            c = U(8 * (j // 4) + j % 2) + col_t
-            if i < nq and c < d:
-                dq[bh, i, c] = dq_acc[j] * scale
+        store_lean_dq(dq, dq_acc, bh, i0, i1, col_t, nq, d, scale)
 
     return Launcher(dq_wgmma_two, TWO_NBYTES), WARPGROUP
 
