@@ -9,7 +9,6 @@ from numba_flash.testing import campaign, mutants
 from numba_flash.testing.strategies import REGIMES
 
 
-@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the NaN a mutant makes on the simulator
 @pytest.mark.parametrize("name", sorted(mutants.MUTANTS))
 def test_property_suite_catches_mutant(name):
     mutant = mutants.MUTANTS[name]

@@ -5,6 +5,7 @@ block with fresh state; device functions see the launch's fake `cuda`, and their
 the real one back when the launch ends."""
 
 import sys
+import warnings
 import threading
 
 import numpy as np
@@ -276,3 +277,26 @@ def test_a_thread_that_ends_leaving_barriers_that_cannot_open_raises_and_none_st
     with pytest.raises(IndexError, match=r"tid=\[0, 0, 0\]"):
         _within(60, lambda: first_fails[1, 16](np.zeros(16, np.int64)))
     assert started == [0]
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="a shim of the simulator")
+def test_kernel_arithmetic_gives_ieee_results_without_numpy_warnings():
+    # A GPU raises no floating-point flags: -inf - -inf is NaN (a row that has seen no key),
+    # 1 / 0 is inf, float32's largest doubled overflows to inf, all silently.
+
+    @cuda.jit
+    def ieee(x, out):
+        t = cuda.threadIdx.x
+        if t == 0:
+            out[0] = x[0] - x[0]                 # -inf - -inf
+        elif t == 1:
+            out[1] = x[1] / x[2]                 # 1 / 0
+        else:
+            out[2] = x[3] * x[4]                 # 3.4e38 * 2
+
+    x = np.array([-np.inf, 1, 0, np.finfo(np.float32).max, 2], np.float32)
+    out = np.zeros(3, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")           # a warning in a simulated thread raises
+        _within(60, lambda: ieee[1, 3](x, out))
+    assert np.isnan(out[0]) and out[1] == np.inf and out[2] == np.inf

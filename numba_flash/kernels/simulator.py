@@ -25,6 +25,9 @@ kernel's own arithmetic is what CI waits for. Patched here, once at import:
   straight to the Python function;
 - **scalar casts** (`float32(x)`) call NumPy's scalar type directly (`cast_scalars_directly`);
 - **static shared arrays** are looked up under a lock (`lock_simulator_shared_arrays`);
+- **floating-point warnings**: none from a kernel's NumPy arithmetic (a GPU raises no IEEE
+  flags: a row that has seen no key computes -inf - -inf = NaN on purpose, non-finite inputs
+  reach the products); a debug launch still raises on a division by zero;
 - `thread_state()`: a simulated thread's own dict, empty at the start of each block (what the
   instruction models keep per thread: wgmma's exchange turns, wgmma16's products in flight).
 
@@ -156,10 +159,10 @@ def run_blocks_on_a_thread_pool():
                 try:
                     if m._abort:                     # woken by an abort before its first turn
                         raise RuntimeError("abort flag set before the thread started")
-                    if m._debug:                     # as BlockThread's debug wrapper
-                        with np.errstate(divide="raise"):
-                            m._f(*m._args)
-                    else:
+                    # IEEE results without NumPy's floating-point warnings, as on a GPU
+                    # (a row that has seen no key computes -inf - -inf = NaN on purpose);
+                    # a debug launch raises on a division by zero, as BlockThread's wrapper
+                    with np.errstate(all="ignore", divide="raise" if m._debug else "ignore"):
                         m._f(*m._args)
                 except Exception as e:               # noqa: BLE001 - raised by the launch
                     tid, ctaid = f"tid={list(self.threadIdx)}", f"ctaid={list(self.blockIdx)}"
