@@ -234,6 +234,18 @@ def load_reproducer(path):
     return meta["prop"], meta["kernel"], Problem(**meta["problem"], saved=saved)
 
 
+def _progress_bar(tqdm, examples, seconds, progress):
+    """fuzz's bar on stderr: over the examples, or over the seconds of a timed campaign. In a
+    log (stderr not a terminal) it redraws every 30 s, not ten times a second."""
+    interactive = sys.stderr.isatty()
+    common = dict(disable=not progress, file=sys.stderr, mininterval=0.1 if interactive else 30,
+                  maxinterval=10 if interactive else 60)
+    if examples:
+        return tqdm(total=examples, unit="example", **common)
+    return tqdm(total=float(seconds), unit="s", **common,
+                bar_format="{l_bar}{bar}| {elapsed} of " + f"{seconds:g} s" + "{postfix}")
+
+
 def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=True,
          properties=None, kernels=None, dtypes=DTYPES):
     """Run every (property, kernel) pair (of `properties` and `kernels`, default all, see
@@ -250,15 +262,18 @@ def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=Tr
         raise ValueError("fuzz needs examples or seconds")
     todo = pairs(properties, kernels)
     outcomes, failures, paths = [], [], []
-    bar = tqdm(total=(examples or 0) * len(todo) or None, disable=not progress, unit="example")
+    start = time.time()
+    bar = _progress_bar(tqdm, examples * len(todo) if examples else None, seconds, progress)
     got = {}                            # pair -> outcomes so far
 
     def record(outcome):
         outcomes.append(outcome)
         key = (outcome.prop, outcome.kernel)
         got[key] = got.get(key, 0) + 1
-        bar.update(1)
-        bar.set_postfix_str(f"{outcome.prop} [{outcome.kernel}] failures {len(failures)}")
+        # examples counted, or (with seconds) the time spent, capped at the bar's end
+        bar.update(1 if examples else min(time.time() - start, bar.total) - bar.n)
+        bar.set_postfix_str(f"{len(outcomes)} examples, {len(failures)} failed; "
+                            f"{outcome.prop} [{outcome.kernel}]", refresh=False)
         if not outcome.ok:
             failures.append(outcome)
             paths.append(save_reproducer(outcome, directory))
