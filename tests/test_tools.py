@@ -222,6 +222,30 @@ def test_tree_ab_packs_two_commits_and_compares_their_runs(tmp_path):
                        call=lambda *a, **k: 3)[0].startswith("base: gpu_time.py exited 3")
 
 
+def test_tree_ab_packs_a_patch_file_applied_to_the_new_tree(tmp_path):
+    import subprocess
+    import tarfile
+    tree_ab = _tool("tree_ab")
+    first = subprocess.run(["git", "-C", ROOT, "show", "HEAD:tools/tree_ab.py"],
+                           capture_output=True, text=True, check=True).stdout.splitlines()[0]
+    patch = tmp_path / "x.patch"          # a line added above HEAD's first line
+    patch.write_text("--- a/tools/tree_ab.py\n+++ b/tools/tree_ab.py\n@@ -1 +1,2 @@\n"
+                     f"+# patched\n {first}\n")
+    base, new = tree_ab.pack("HEAD", "HEAD", str(tmp_path), git=("git", "-C", ROOT),
+                             patch=str(patch))
+    texts = []
+    for path in (base, new):
+        with tarfile.open(path) as tar:
+            texts.append(tar.extractfile("tools/tree_ab.py").read().decode())
+            assert "numba_flash/api.py" in tar.getnames()
+    assert texts[1] == "# patched\n" + texts[0]
+    bad = tmp_path / "bad.patch"
+    bad.write_text("--- a/nowhere.py\n+++ b/nowhere.py\n@@ -1 +1 @@\n-a\n+b\n")
+    with pytest.raises(subprocess.CalledProcessError):
+        tree_ab.pack("HEAD", "HEAD", str(tmp_path / "b"), git=("git", "-C", ROOT),
+                     patch=str(bad))
+
+
 def test_block_schedule_orders_and_the_tail_they_leave():
     schedule = _tool("block_schedule")
     # a causal forward at n = 300, 128-row query blocks, 64-key blocks: 2, 4, 5 key blocks

@@ -4,6 +4,7 @@ main in one device command.
 
     python tools/tree_ab.py pack BASE NEW            # here: git archive of both commits into
                                                      # .gpu/ab-base.tar and .gpu/ab-new.tar
+    python tools/tree_ab.py pack main main --patch docs/patches/X.patch   # a prepared patch
     python tools/tree_ab.py run [--out DIR] -- ARGS  # on the device machine: each tree
                                                      # extracted, `gpu_time.py ARGS --json`
                                                      # run in it, then --compare
@@ -28,16 +29,33 @@ import tempfile
 NAMES = ("base", "new")
 
 
-def pack(base, new, folder=".gpu", git=("git",)):
+def pack(base, new, folder=".gpu", git=("git",), patch=None):
     """git archive of commits base and new into folder/ab-base.tar, folder/ab-new.tar; the
-    paths."""
+    paths. patch: a patch file (docs/patches/*.patch) applied to new's tree before it is
+    packed (`git apply`; a CalledProcessError if it does not apply), so that a prepared patch
+    is timed against its base without a branch."""
     os.makedirs(folder, exist_ok=True)
     paths = []
     for name, ref in zip(NAMES, (base, new)):
         path = os.path.join(folder, f"ab-{name}.tar")
         subprocess.run([*git, "archive", ref, "-o", path], check=True)
+        if patch and name == "new":
+            _apply_to_tar(path, os.path.abspath(patch))
         paths.append(path)
     return paths
+
+
+def _apply_to_tar(path, patch):
+    """Extract tar file `path`, `git apply` the patch file in it, and pack it again there."""
+    with tempfile.TemporaryDirectory(prefix="tree-ab-patch-") as tree:
+        with tarfile.open(path) as tar:
+            tar.extractall(tree, filter="data")
+        # --unsafe-paths is not needed: the patch's paths are inside the tree; outside a
+        # repository git apply works on the plain files
+        subprocess.run(["git", "apply", patch], cwd=tree, check=True)
+        with tarfile.open(path, "w") as tar:
+            for entry in sorted(os.listdir(tree)):
+                tar.add(os.path.join(tree, entry), arcname=entry)
 
 
 def run(gpu_time_args, out, folder=".gpu", call=subprocess.call):
@@ -75,6 +93,7 @@ def main(argv=None):
     p_pack = sub.add_parser("pack", help="git archive BASE and NEW into --folder")
     p_pack.add_argument("base")
     p_pack.add_argument("new")
+    p_pack.add_argument("--patch", help="a patch file applied to NEW's tree (git apply)")
     p_run = sub.add_parser("run", help="time both packed trees (on the GPU)")
     p_run.add_argument("--out", default=os.environ.get("OUT") or "tree-ab")
     for p in (p_pack, p_run):
@@ -83,7 +102,7 @@ def main(argv=None):
                        help="after --: tools/gpu_time.py's arguments (not --json)")
     args = ap.parse_args(argv)
     if args.command == "pack":
-        print("\n".join(pack(args.base, args.new, args.folder)))
+        print("\n".join(pack(args.base, args.new, args.folder, patch=args.patch)))
         return 0
     gpu_args = [a for a in args.gpu_time_args if a != "--"]
     if "--json" in gpu_args or "--compare" in gpu_args:
