@@ -148,7 +148,7 @@ if SIMULATOR:
                 return _U32.unpack(_F16.pack(x) + b"\0\0")[0]
             except OverflowError:
                 pass
-        with np.errstate(over="ignore"):
+        with np.errstate(over="ignore", invalid="ignore"):      # inf, NaN: silently, as cvt
             return int(np.float32(x).astype(_FORMAT_DTYPES[fmt]).view(np.uint16))
 
     def _entries(regs, warp, lane):
