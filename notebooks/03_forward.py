@@ -19,14 +19,16 @@
 #
 # **Claim.** Attention decomposes over tiles of S: blocked attention (full rows of S per query
 # block) and FlashAttention (online softmax, one tile of S at a time) give standard attention's
-# answer to float64 rounding. Every registered kernel pair's forward (`numba_flash.registry.PAIRS`:
-# `rowwise`, `tiled`, `fa2`, `wgmma`) matches float64 truth within the tolerance rule (2× NumPy's
-# same-precision error) across (N, d), and the pairs whose tiles can be chosen give the same
-# answer, to float64 rounding, whatever the tile size.
+# answer to float64 rounding. Every registered kernel pair's forward
+# (`numba_flash.registry.PAIRS`) matches float64 truth within the tolerance rule (2× NumPy's
+# same-precision error; half precision's for float16 and bfloat16 inputs, which the 16-bit
+# pairs multiply as stored and the others widen to float32) across (N, d), in float32,
+# bfloat16 and float16 wherever it runs itself, and the pairs whose tiles can be chosen give
+# the same answer, to float64 rounding, whatever the tile size.
 #
-# On the CUDA simulator the sizes are small, and the `wgmma` pair (float32 only, one 64×64 tile
-# shape) runs a single tiny case: there its Hopper tensor-core products are NumPy models,
-# several times slower than the other pairs. On a GPU it runs the whole sweep where it can
+# On the CUDA simulator the sizes are small, and the `wgmma` pair (one 64×64 tile shape) runs a
+# single tiny case a dtype: there its Hopper tensor-core products are NumPy models, several
+# times slower than the other pairs. On a GPU it runs the whole sweep where it can
 # (float32, d ≤ 128; on a GPU other than sm_90 it falls back to `fa2`).
 
 # %%
@@ -59,34 +61,46 @@ ref_errors = {n: float(np.abs(x - std).max()) for n, x in
 print(ref_errors)
 
 # %% [markdown]
-# Each pair's forward error against float64 truth (float32 inputs, B = 1, H = 2), as a fraction
-# of what the tolerance rule allows. A case a pair cannot run is left out (`can_run`), as is,
-# on the simulator, every `wgmma` case but one.
+# Each pair's forward error (out) against float64 truth (B = 1, H = 2), as a fraction of what
+# the tolerance rule allows, one panel a dtype. A case a pair does not run itself is left out
+# (`registry.resolve` names another pair), as is, on the simulator, every `wgmma` case but one.
 
 # %%
-def sweep(name):
-    """The (d, N) cases pair `name` runs itself here (no fallback)."""
-    if SIM and name == "wgmma":
-        return [(16, 19)]
-    return [(d, n) for d in ds for n in Ns if registry.resolve(name, d, np.float32).name == name]
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def sweep(name, dtype):
+    """The (d, N) cases pair `name` runs itself here (no fallback) in dtype."""
+    runs = [(d, n) for d in ds for n in Ns
+            if registry.resolve(name, d, np.dtype(dtype)).name == name]
+    return runs[:1] if SIM and name == "wgmma" and runs else runs
 
 
 ratios = {}
-for name in registry.PAIRS:
-    for d, n in sweep(name):
-        q, k, v, _ = Case("sweep", 1, 2, 2, n, n, d).inputs(np.float32)
-        out, lse = flash_attention_forward(q, k, v, kernel=name)
-        c = check_forward(q, k, v, out, lse)[0]
-        ratios[(name, d, n)] = c.max_err / c.allowed
-fig, ax = plt.subplots(figsize=(6, 3.5))
-for name in registry.PAIRS:
-    for d in sorted({d for (p, d, _) in ratios if p == name}):
-        pts = sorted((n, r) for (p, dd, n), r in ratios.items() if (p, dd) == (name, d))
-        ax.plot(*zip(*pts), marker="o", label=f"{name} d={d}")
-ax.axhline(1.0, color="k", lw=0.8), ax.set_xlabel("N"), ax.set_ylabel("error / allowed")
-ax.set_yscale("log"), ax.legend(fontsize=7, ncol=2)
+for dtype in DTYPES:
+    for name in registry.PAIRS:
+        for d, n in sweep(name, dtype):
+            q, k, v, _ = Case("sweep", 1, 2, 2, n, n, d).inputs(np.dtype(dtype))
+            out, lse = flash_attention_forward(q, k, v, kernel=name)
+            c = check_forward(q, k, v, out, lse)[0]
+            ratios[(dtype, name, d, n)] = c.max_err / c.allowed
+fig, axes = plt.subplots(1, len(DTYPES), figsize=(12, 3.8), sharey=True)
+for ax, dtype in zip(axes, DTYPES):
+    for i, name in enumerate(registry.PAIRS):
+        for d in sorted({d for (t, p, d, _) in ratios if (t, p) == (dtype, name)}):
+            pts = sorted((n, r) for (t, p, dd, n), r in ratios.items() if (t, p, dd) == (dtype, name, d))
+            ax.plot(*zip(*pts), marker="o", color=f"C{i}", ls="-" if d == ds[-1] else ":",
+                    label=f"{name} d={d}")
+    ax.axhline(1.0, color="k", lw=0.8), ax.set_xlabel("N"), ax.set_title(dtype, fontsize=10)
+    ax.set_yscale("log"), ax.legend(fontsize=6, ncol=2)
+axes[0].set_ylabel("error / allowed")
 show(fig, "error-vs-allowed")
-print({key: round(r, 3) for key, r in ratios.items()})
+for dtype in DTYPES:      # the worst case of each pair
+    worst = {}
+    for (t, name, _, _), r in ratios.items():
+        if t == dtype:
+            worst[name] = max(worst.get(name, 0.0), round(r, 3))
+    print(f"{dtype:9} worst error / allowed:", worst)
 
 # %% [markdown]
 # Tile-size invariance (float64, so differences are pure rounding), for every pair with tiles
@@ -109,9 +123,11 @@ print("tiles tried and largest difference between them:", spread)
 
 # %%
 assert max(ref_errors.values()) < 1e-13
-here = registry.current_device()
-assert {name for name, _, _ in ratios} == {name for name, pair in registry.PAIRS.items()
-                                           if pair.can_run(16, np.float32, here)}, ratios
+for dtype in DTYPES:    # every pair that runs dtype itself at d = 16 was checked in it
+    assert {p for t, p, _, _ in ratios if t == dtype} == {
+        name for name in registry.PAIRS
+        if registry.resolve(name, 16, np.dtype(dtype)).name == name}, (dtype, ratios)
+assert set(registry.PAIRS) == {p for _, p, _, _ in ratios}
 assert max(ratios.values()) <= 1.0, ratios
 assert spread and all(n >= 2 and s < 1e-13 for n, s in spread.values()), spread
 print("claim holds")

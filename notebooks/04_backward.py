@@ -19,10 +19,12 @@
 #
 # **Claim.** The backward needs only q, k, v, out and lse: P is recomputed as exp(S − lse), and
 # D_i = rowsum(dO∘O)_i equals Σ_j P_ij dP_ij, so dS = P∘(dP − D) never needs a full row of P at
-# once. Every registered kernel pair (`rowwise`, `tiled`, `fa2`, `wgmma`; the forward and the
+# once. Every registered kernel pair (`numba_flash.registry.PAIRS`; the forward and the
 # backward of one name, which forms S as its forward did) gives dq, dk, dv that match float64
-# truth within the tolerance rule (3× NumPy's same-precision error), in float32 and float64
-# (`wgmma`: float32 only); and in float64 the gradients match central finite differences.
+# truth within the tolerance rule (3× NumPy's same-precision error, half precision's for half
+# inputs) in every dtype it runs itself: float32 and float64 (`wgmma`: float32), float16 and
+# bfloat16 (the 16-bit pairs multiply them as stored, the others widen them to float32); and
+# in float64 the gradients match central finite differences.
 #
 # On the CUDA simulator the case is tiny (GQA, causal, Nq = 13, Nk = 17, d = 8), `wgmma`
 # included: its Hopper tensor-core products are NumPy models there, the slowest pair to run.
@@ -57,28 +59,31 @@ print("P from lse vs softmax:", np.abs(P_recomputed - ref.safe_softmax(S)).max()
       "| D two ways:", np.abs(D_rowsum - D_pdp).max())
 
 # %% [markdown]
-# Every pair against truth, in each precision it runs (`can_run`; no fallback here), as a
-# fraction of what the tolerance rule allows.
+# Every pair against truth, in each dtype it runs itself (no fallback: `registry.resolve`
+# names the pair), as a fraction of what the tolerance rule allows.
 
 # %%
-here = registry.current_device()
+DTYPES = ("float16", "bfloat16", "float32", "float64")
+runs_itself = {(name, dt) for name in registry.PAIRS for dt in DTYPES
+               if registry.resolve(name, case.d, np.dtype(dt)).name == name}
 results = {}
-for name, pair in registry.PAIRS.items():
-    for dtype in (np.float32, np.float64):
-        if not pair.can_run(case.d, dtype, here):
+for name in registry.PAIRS:
+    for dt in DTYPES:
+        if (name, dt) not in runs_itself:
             continue
-        qd, kd, vd, dod = case.inputs(dtype)
+        qd, kd, vd, dod = case.inputs(np.dtype(dt))
         o, l = flash_attention_forward(qd, kd, vd, causal=True, kernel=name)
         grads = flash_attention_backward(dod, qd, kd, vd, o, l, causal=True, kernel=name)
-        results[(name, np.dtype(dtype).name)] = check_backward(dod, qd, kd, vd, *grads, causal=True)
-        for c in results[(name, np.dtype(dtype).name)]:
-            print(f"{name:8} {np.dtype(dtype).name}  {c}")
-fig, ax = plt.subplots(figsize=(7, 3.5))
+        results[(name, dt)] = check_backward(dod, qd, kd, vd, *grads, causal=True)
+        for c in results[(name, dt)]:
+            print(f"{name:15} {dt:8}  {c}")
+fig, ax = plt.subplots(figsize=(11, 3.8))
 labels = [f"{name}\n{dt}" for name, dt in results]
 for i, grad in enumerate(("dq", "dk", "dv")):
     ax.bar(np.arange(len(results)) + (i - 1) * 0.27, [cs[i].max_err / cs[i].allowed for cs in results.values()],
            width=0.27, label=grad)
-ax.axhline(1.0, color="k", lw=0.8), ax.set_xticks(range(len(results)), labels, fontsize=8)
+ax.axhline(1.0, color="k", lw=0.8)
+ax.set_xticks(range(len(results)), labels, fontsize=7, rotation=90)
 ax.set_yscale("log"), ax.set_ylabel("error / allowed"), ax.legend(fontsize=8)
 show(fig, "gradient-error")
 
@@ -109,8 +114,8 @@ print("largest |finite difference - kernel gradient|:", fd_err)
 # %%
 assert np.allclose(P_recomputed, ref.safe_softmax(S), atol=1e-14)
 assert np.abs(D_rowsum - D_pdp).max() < 1e-12
-assert {name for name, _ in results} == {name for name, pair in registry.PAIRS.items()
-                                         if pair.can_run(case.d, np.float32, here)}, results
+assert set(results) == runs_itself and {dt for _, dt in results} == set(DTYPES), results
+assert set(registry.PAIRS) == {name for name, _ in results}
 assert all(c.ok for cs in results.values() for c in cs)
 assert fd_err < 1e-7
 print("claim holds")
