@@ -152,9 +152,23 @@ def fuzz(args):
 
 
 def replay(path):
+    """`numba-flash replay FILE`: re-run a reproducer's property on its kernel and saved
+    arrays. Returns 0 when it passes now, 1 when it still fails, 2 when it cannot run (no
+    such file, not a reproducer, a kernel or property not registered in this process)."""
+    from .registry import PAIRS
     from .testing import campaign
     from .testing.properties import PROPERTIES
-    prop, kernel, problem = campaign.load_reproducer(path)
+    try:
+        prop, kernel, problem = campaign.load_reproducer(path)
+    except (OSError, ValueError, KeyError) as e:
+        print(f"numba-flash replay: cannot read a reproducer from {path}: {e}", file=sys.stderr)
+        return 2
+    if kernel not in PAIRS or prop not in PROPERTIES:
+        what = f"kernel {kernel!r}" if kernel not in PAIRS else f"property {prop!r}"
+        print(f"numba-flash replay: {path} is for {what}, not registered in this process. A "
+              "variant or property registered by a script is replayed from that script: "
+              "register it, then call numba_flash.cli.main(['replay', FILE])", file=sys.stderr)
+        return 2
     outcome = PROPERTIES[prop][0](kernel, problem)
     print(outcome.report())
     print("passes now" if outcome.ok else "still fails")

@@ -2,6 +2,7 @@
 
 import functools
 import os
+import shutil
 import subprocess
 import sys
 
@@ -207,6 +208,23 @@ def test_deterministic_fa2_runs_its_dq_kernel_at_its_own_tiles(monkeypatch):
                      (True, *backward_fa2.default_blocks_atomic(8, np.float32))]
     assert calls[0][1:] != calls[1][1:]
     assert all(c.ok for g in (exact, fast) for c in check_backward(dout, q, k, v, *g))
+
+
+@pytest.mark.skipif(cuda_gpu_present(), reason="the case of a machine without a GPU")
+@pytest.mark.parametrize("template", ["forward_rowwise.py", "forward_tiled.py"])
+def test_a_copied_kernel_template_imported_first_turns_the_simulator_on(template, tmp_path):
+    # README, "Changing a kernel": a copy of a template, imported before numba_flash itself
+    import numba_flash
+    shutil.copy(os.path.join(os.path.dirname(numba_flash.__file__), "kernels", template),
+                tmp_path / "my_kernel.py")
+    code = ("import sys, warnings\nwarnings.simplefilter('always')\n"
+            f"sys.path.insert(0, {str(tmp_path)!r})\nimport my_kernel\nimport numba_flash\n"
+            "print(numba_flash.SIMULATOR)")
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    run = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=120, cwd=tmp_path)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.split() == ["True"] and "imported before numba_flash" not in run.stderr
 
 
 @pytest.mark.skipif(cuda_gpu_present(), reason="the case of a machine without a GPU")

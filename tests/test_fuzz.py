@@ -23,6 +23,14 @@ def test_fuzz_saves_reproducers_that_replay_fails(tmp_path, capsys):
         assert (prop, name) == ("backward agrees", kernel)
         assert problem.saved is not None and problem.saved[0].shape[2] == problem.Nq
         assert cli.main(["replay", paths[0]]) == 1          # still failing: exit 1
+    capsys.readouterr()
+    # the mutant's pair is gone: a clear refusal (2), not a traceback or a "still fails" (1)
+    assert cli.main(["replay", paths[0]]) == 2
+    assert "not registered in this process" in capsys.readouterr().err
+    assert cli.main(["replay", str(tmp_path / "missing.npz")]) == 2
+    assert "cannot read a reproducer" in capsys.readouterr().err
+    (tmp_path / "not.npz").write_bytes(b"not a reproducer")
+    assert cli.main(["replay", str(tmp_path / "not.npz")]) == 2
 
 
 def test_fuzz_cli_exits_zero_when_nothing_fails(tmp_path, capsys):

@@ -14,11 +14,11 @@ import math
 
 import numpy as np
 
-from numba import cuda
-
+# numba_flash before numba.cuda: without a GPU, importing it turns the simulator on first
 from numba_flash.kernels.support import (NEG_INF, cached_jit, check_block, check_head_dim,
                                          check_shared_memory, head_index, kv_head,
                                          numba_type)
+from numba import cuda
 
 
 def default_blocks(head_dim, dtype):

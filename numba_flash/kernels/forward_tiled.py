@@ -19,11 +19,11 @@ import math
 
 import numpy as np
 
-from numba import cuda
-
+# numba_flash before numba.cuda: without a GPU, importing it turns the simulator on first
 from numba_flash.kernels.support import (NEG_INF, cached_jit, U, ceil_div, check_block,
                                          check_head_dim, check_shared_memory, head_index,
                                          kv_head, numba_type)
+from numba import cuda
 
 THREADS_X = 16   # TX: threads along the key / head-dim axis
 THREADS_Y = 8    # TY: threads along the query axis
