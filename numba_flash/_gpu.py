@@ -38,3 +38,14 @@ def use_simulator_without_gpu():
             return False
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
+def require_gpu(what):
+    """Exit (status 2) with a message naming `what` when this process runs on Numba's CUDA
+    simulator: for the commands and tools that time, profile or probe a real GPU, which on the
+    simulator would run for minutes and measure nothing."""
+    import numba_flash
+    if numba_flash.SIMULATOR:
+        print(f"{what} needs a CUDA GPU; none was found (this process runs on Numba's CUDA "
+              "simulator)", file=sys.stderr)
+        sys.exit(2)

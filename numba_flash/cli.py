@@ -5,6 +5,7 @@ import argparse
 import sys
 
 import numba_flash
+from ._gpu import require_gpu
 
 
 def main(argv=None):
@@ -77,9 +78,7 @@ def main(argv=None):
                            all_pairs=args.all_pairs, case_names=args.cases,
                            dtypes=args.dtypes, deterministic=args.deterministic)
     if args.command == "bench":
-        if numba_flash.SIMULATOR:
-            print("numba-flash bench needs a CUDA GPU; none was found", file=sys.stderr)
-            return 2
+        require_gpu("numba-flash bench")
         from . import bench
         return bench.main(args.json, quick=args.quick, mode=args.mode, long=args.long,
                           head_dims=args.d, lengths=args.n, impls=args.impl, dtype=args.dtype)
@@ -90,9 +89,7 @@ def main(argv=None):
     if args.command == "replay":
         return replay(args.file)
     if args.command == "tune":
-        if numba_flash.SIMULATOR:
-            print("numba-flash tune needs a CUDA GPU; none was found", file=sys.stderr)
-            return 2
+        require_gpu("numba-flash tune")
         from . import tune
         return tune.main(n=args.n, forward=tuple(args.forward), backward=tuple(args.backward))
     return 2

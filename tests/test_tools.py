@@ -6,6 +6,8 @@ import os
 
 import pytest
 
+from numba_flash import cuda_gpu_present
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -267,3 +269,23 @@ def test_block_schedule_orders_and_the_tail_they_leave():
     forward = rows["forward", 4096]
     assert 0.069 < forward["head by head"] < 0.071
     assert 0.003 < forward["round the heads, chunks of 1"] < 0.005
+
+
+GPU_ONLY = [("ab.py", "wgmma"), ("call_time.py",), ("host_pieces.py",), ("cache_times.py",),
+            ("gpu_time.py",), ("kernel_split.py", "run"), ("mma_probe.py",),
+            ("wgmma_probe.py",)]
+
+
+@pytest.mark.skipif(cuda_gpu_present(), reason="the case of a machine without a GPU")
+@pytest.mark.parametrize("argv", GPU_ONLY, ids=lambda a: a[0])
+def test_gpu_only_tools_refuse_at_once_without_a_gpu(argv):
+    # on the simulator they would run for minutes (cache_times printed nothing for 120 s) or
+    # end in a traceback; they say what they need and exit 2
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    run = subprocess.run([sys.executable, os.path.join(ROOT, "tools", argv[0]), *argv[1:]],
+                         env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert f"tools/{argv[0]}" in run.stderr and "needs a CUDA GPU" in run.stderr
+    assert "Traceback" not in run.stderr

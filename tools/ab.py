@@ -157,6 +157,8 @@ def main(argv=None):
     p.add_argument("--import", dest="imports", action="append", default=[], metavar="MODULE",
                    help="import MODULE (or run a .py file) first, to register a variant")
     args = p.parse_args(argv)
+    from numba_flash._gpu import require_gpu  # (first: numba_flash picks GPU or simulator)
+    require_gpu("tools/ab.py")
     for what in args.imports:
         _import(what)
     args.names = list(dict.fromkeys(args.names))          # each once, in the order given

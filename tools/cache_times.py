@@ -77,6 +77,9 @@ def main(argv=None):
     parser.add_argument("--runs", type=int, default=1, help="cached runs per kernel")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if not args.child:
+        from numba_flash._gpu import require_gpu
+        require_gpu("tools/cache_times.py")
     if args.child:
         return child(args.kernel[0], args.d, args.n, args.causal)
     top = args.dir or tempfile.mkdtemp(prefix="numba-flash-cache-")

@@ -45,6 +45,8 @@ def main(argv=None):
     ap.add_argument("--reps", type=int, default=50, help="calls per host timing")
     ap.add_argument("--profile", action="store_true", help="cProfile of 20 calls: top 25 by own time, top 40 by cumulative")
     args = ap.parse_args(argv)
+    from numba_flash._gpu import require_gpu  # (first: numba_flash picks GPU or simulator)
+    require_gpu("tools/call_time.py")
 
     import torch
     from torch.profiler import ProfilerActivity, profile

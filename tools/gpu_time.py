@@ -96,6 +96,8 @@ def main(argv=None):
         base, new = (json.load(open(path)) for path in args.compare)
         print("\n".join(compare(base, new)))
         return
+    from numba_flash._gpu import require_gpu  # (first: numba_flash picks GPU or simulator)
+    require_gpu("tools/gpu_time.py")
 
     import torch
     import torch.nn.functional as F

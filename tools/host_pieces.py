@@ -33,6 +33,8 @@ def us(f, reps=2000):
 
 
 def main(argv=None):
+    from numba_flash._gpu import require_gpu  # (first: numba_flash picks GPU or simulator)
+    require_gpu("tools/host_pieces.py")
     import argparse
     import cProfile
     import ctypes

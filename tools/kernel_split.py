@@ -69,6 +69,8 @@ def main():
     s.add_argument("csv", nargs="+")
     args = parser.parse_args()
     if args.command == "run":
+        from numba_flash._gpu import require_gpu
+        require_gpu("tools/kernel_split.py run")
         run(args.n, args.d, args.causal, args.deterministic)
     else:
         summarize(args.csv)

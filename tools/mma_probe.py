@@ -10,11 +10,9 @@ import os
 import sys
 import time
 
-import numba_flash  # first: it decides between the GPU and the simulator
+from numba_flash._gpu import require_gpu  # first: numba_flash picks GPU or simulator
 
-if numba_flash.SIMULATOR:
-    sys.exit("tools/mma_probe.py needs a CUDA GPU (mma.sync TF32); this process runs on "
-             "Numba's CUDA simulator")
+require_gpu("tools/mma_probe.py (mma.sync TF32)")
 
 import numpy as np
 from numba import cuda, float32

@@ -28,14 +28,11 @@ and 11-19, growing with K; NumPy float32 1.2-2.6. So, as with mma.sync, each ste
 zero and added outside the tensor core. (shared_address and fence_proxy_async were defined here
 for those runs and have since moved, unchanged, to numba_flash/kernels/sm90/wgmma.py.)
 """
-import sys
 import time
 
-import numba_flash  # first: it decides between the GPU and the simulator
+from numba_flash._gpu import require_gpu  # first: numba_flash picks GPU or simulator
 
-if numba_flash.SIMULATOR:
-    sys.exit("tools/wgmma_probe.py needs a CUDA GPU of compute capability 9.0 (wgmma, sm_90a); "
-             "this process runs on Numba's CUDA simulator")
+require_gpu("tools/wgmma_probe.py (wgmma, sm_90a)")
 
 import numpy as np
 from llvmlite import ir
