@@ -5,6 +5,10 @@ injected", where it had to run a kernel's products one at a time), then a table:
     pip install "nvidia-cuda-nvrtc>=13,<14"      # numba-cuda's NVRTC; NVVM and ptxas come
     CUDA_HOME=/usr/local/cuda python tools/ptxas_check.py [WORD ...]   # from a CUDA toolkit
 
+or, with the .[cu13] extra's wheels (NVVM among them), `pip install nvidia-cuda-nvcc` of the
+same version as nvidia-nvvm and no CUDA_HOME: ptxas is then taken from beside it. ptxas must be
+at least as new as the NVVM that writes the PTX ("Unsupported .version" otherwise).
+
 --sass: also count each kernel's SASS instructions (FMUL, FFMA, FADD, FMNMX, MUFU, HGMMA,
 HMMA, LDS, BAR, SHFL, LDG, BSSY: the convergence barriers a branch around divergent code costs;
 total; static counts) with cuobjdump, e.g. to see what a change to the
@@ -51,6 +55,7 @@ kernel's Python function at the argument types the API launches it with, `.targe
 made `sm_90a` (wgmma needs the a-target), then `ptxas -arch=sm_90a -v` (with -maxrregcount
 where the kernel's cuda.jit sets max_registers).
 """
+import importlib.util
 import os
 import re
 import subprocess
@@ -209,6 +214,24 @@ def sass_counts(cubin, sections=False):
     return ops
 
 
+SETUP = ("ptxas must be at least as new as numba-cuda's NVVM: with the .[cu13] extra (its "
+         "nvidia-nvvm wheel), `pip install nvidia-cuda-nvcc` of the same version (ptxas is "
+         "then found beside it), or set CUDA_HOME to a CUDA toolkit whose NVVM numba-cuda uses")
+
+
+def toolkit_home():
+    """Where bin/ptxas is looked for: $CUDA_HOME, else the nvidia/cu13 wheels' folder when the
+    nvidia-cuda-nvcc wheel put a ptxas there (it matches the nvidia-nvvm wheel's PTX), else
+    /usr/local/cuda."""
+    if os.environ.get("CUDA_HOME"):
+        return os.environ["CUDA_HOME"]
+    spec = importlib.util.find_spec("nvidia")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if os.path.exists(os.path.join(folder, "cu13", "bin", "ptxas")):
+            return os.path.join(folder, "cu13")
+    return "/usr/local/cuda"
+
+
 def ptxas(label, kernel, args, home, arch="sm_90a", sass=False, sections=False):
     """ptxas -v's figures for one kernel compiled for `arch` ("sm_90a", or "sm_80" for the
     mma16 kernels): dict(registers, stack, spill_stores, spill_loads, seconds, and with sass
@@ -284,14 +307,17 @@ def main(words):
     sections = "--sections" in words
     sass = "--sass" in words or sections
     words = [w for w in words if w not in ("--sass", "--sections")]
-    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    home = toolkit_home()
     if not os.path.exists(os.path.join(home, "bin", "ptxas")):
-        sys.exit(f"ptxas_check: no ptxas at {home}/bin (set CUDA_HOME to a CUDA toolkit)")
+        sys.exit(f"ptxas_check: no ptxas at {home}/bin: {SETUP}")
     rows = []
     for label, kernel, args, *arch in kernels():
         if words and not all(w in label for w in words):
             continue
         r = ptxas(label, kernel, args, home, *arch, sass=sass, sections=sections)
+        if "Unsupported .version" in r.get("error", ""):
+            sys.exit(f"ptxas_check: {home}/bin/ptxas is older than the NVVM that wrote the PTX "
+                     f"({r['error'].splitlines()[0]}): {SETUP}")
         rows.append((label, r))
         print(f"{label}: {r.get('info') or r.get('error')} ({r['seconds']:.0f} s)", flush=True)
     if not rows:

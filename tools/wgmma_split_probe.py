@@ -22,7 +22,7 @@ import tempfile
 os.environ["NUMBA_ENABLE_CUDASIM"] = "0"
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import ptxas_check  # noqa: E402,F401  (answers the current-device lookup with 9.0)
+import ptxas_check  # noqa: E402  (answers the current-device lookup with 9.0; finds ptxas)
 from llvmlite import ir  # noqa: E402
 from numba import cuda, float32, types  # noqa: E402
 from numba.cuda.extending import intrinsic  # noqa: E402
@@ -108,7 +108,7 @@ def ptxas_info(fn, home):
 
 
 def main():
-    home = os.environ.get("CUDA_HOME", "/usr/local/cuda")
+    home = ptxas_check.toolkit_home()     # $CUDA_HOME, else the nvcc wheel's, else /usr/local
     injected = {}
     for fn in (split, split_misused):
         info = ptxas_info(fn, home)
