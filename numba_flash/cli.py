@@ -136,15 +136,18 @@ def fuzz(args):
     print(f"\n{len(outcomes)} examples over {len(todo)} (property, kernel) pairs, "
           f"{len(failures)} failed.")
     width = max(len(p) for p, _ in todo) + 2
-    print(f"{'property':<{width}} {'kernel':<12} {'examples':>8} {'failed':>6} "
+    kwidth = max(12, max(len(k) for _, k in todo) + 1)
+    print(f"{'property':<{width}} {'kernel':<{kwidth}} {'examples':>8} {'failed':>6} "
           f"{'worst err/allowed':>18}")
     for prop, kernel, n, bad, worst in campaign.tally(outcomes, todo):
-        print(f"{prop:<{width}} {kernel:<12} {n:>8} {bad:>6} {worst:>18.3f}")
+        print(f"{prop:<{width}} {kernel:<{kwidth}} {n:>8} {bad:>6} {worst:>18.3f}")
     print("Worst error / allowed:")
     for o in sorted(outcomes, key=lambda o: -o.worst)[:8]:
         print(f"  {o.worst:8.3f}  {o.prop} [{o.kernel}] {o.problem.describe()}")
+    if failures:     # each was reported in full on stderr as it happened; here a line each
+        print(f"\n{len(failures)} failed (numba-flash replay FILE re-runs one):")
     for o, path in zip(failures, paths):
-        print(f"\nFAILED {o.report()}\n  reproducer: {path}")
+        print(f"  FAILED {o.prop} [{o.kernel}] {o.problem.describe()}\n    {path}")
     return 1 if failures else 0
 
 

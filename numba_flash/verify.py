@@ -34,6 +34,11 @@ def main(*args, **kwargs):
         return _main(*args, **kwargs)
 
 
+def _count(n, noun):
+    """'1 case', '3 cases'."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
 def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None, cases=None,
          progress=None, dtypes=DTYPES, deterministic=False):
     """Print the table and a summary; return 0 when every row passes, 1 when one fails, 2 for
@@ -75,14 +80,16 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
              else f"the GPU ({device})")
     chosen = ("the default: what kernel='auto' runs here" if kernels is None
               else "every registered pair" if all_pairs else f"kernels {list(kernels)}")
-    print(f"numba-flash verify: {len(cases)} cases x {', '.join(dtypes)} on {where}; "
+    print(f"numba-flash verify: {_count(len(cases), 'case')} x {', '.join(dtypes)} on {where}; "
           f"{chosen}; forward, then its backward"
           f"{' (deterministic=True)' if deterministic else ''}; truth one precision up (float64 in "
           f"{ns.name}{' on the GPU' if ns.on_gpu else ''}, long double in numpy)")
     t0 = time.time()
     if not simulator and cache.enabled():
         compile_ahead(steps, progress)
-    print(f"{'kernel':<13} {'dtype':<8} {'out':<4} {'max err':>10} {'allowed':>10}  pass  case")
+    # rows name the part that ran, "fwd/" or "bwd/" and the pair's name
+    width = max(13, 5 + max(len(name) for name in registry.PAIRS))
+    print(f"{'kernel':<{width}} {'dtype':<8} {'out':<4} {'max err':>10} {'allowed':>10}  pass  case")
     failed = rows = 0
     ran = {}                     # pair -> {dtype: cases}
     bar = tqdm(total=total, unit="pair", file=sys.stderr, leave=False,
@@ -100,7 +107,7 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
             failed += not row["ok"]
             if quiet and row["ok"]:
                 continue
-            tqdm.write(f"{row['kernel']:<13} {row['dtype']:<8} {row['output']:<4} "
+            tqdm.write(f"{row['kernel']:<{width}} {row['dtype']:<8} {row['output']:<4} "
                        f"{row['max_err']:>10.3e} {row['allowed']:>10.3e}  "
                        f"{'yes ' if row['ok'] else 'NO  '}  {row['case']}"
                        + (f"  ({row['note']})" if row["note"] else ""), file=sys.stdout)
@@ -108,7 +115,7 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
         bar.close()
     seconds = time.time() - t0
     print("checked: " + "; ".join(
-        f"{pair} ({', '.join(f'{dt} on {len(c)} cases' for dt, c in sorted(by.items()))})"
+        f"{pair} ({', '.join(dt + ' on ' + _count(len(c), 'case') for dt, c in sorted(by.items()))})"
         for pair, by in ran.items()))
     skipped = {}
     for st in steps:
@@ -118,7 +125,7 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
         print(f"not run: {name} cannot run on {device}: {', '.join(where_not)}")
     for name in sorted(set(kernels or ()) - set(ran) - set(skipped)):
         print(f"not run: {name} itself on any case here; what it falls back to ran instead")
-    print(f"{len(cases)} cases, {len(ran)} pair{'' if len(ran) == 1 else 's'}, {rows} rows: "
+    print(f"{_count(len(cases), 'case')}, {_count(len(ran), 'pair')}, {_count(rows, 'row')}: "
           f"{'all passed' if not failed else f'{failed} FAILED'} in {seconds:.0f} s")
     return 1 if failed else 0
 
