@@ -33,9 +33,9 @@ def test_default_checks_what_auto_runs_in_every_dtype(capsys):
     for dt, name in auto.items():
         ran.setdefault(name, []).append(dt)
     for name, dts in ran.items():
-        assert (f"{name} (" + ", ".join(f"{dt} on 1 cases" for dt in sorted(dts)) + ")"
+        assert (f"{name} (" + ", ".join(f"{dt} on 1 case" for dt in sorted(dts)) + ")"
                 in captured.out), captured.out
-    assert (f"1 cases, {len(ran)} pair{'' if len(ran) == 1 else 's'}, 20 rows: all passed in"
+    assert (f"1 case, {len(ran)} pair{'' if len(ran) == 1 else 's'}, 20 rows: all passed in"
             in captured.out)
     assert "pair" in captured.err                  # the progress bar, on stderr
 
@@ -59,7 +59,7 @@ def test_kernel_and_case_choose_the_rows(capsys):
     assert {r[0] for r in rows} == {"fwd/rowwise", "bwd/rowwise"}
     assert {r[1] for r in rows} == {"bfloat16", "float64"} and len(rows) == 10
     assert all("Nq != Nk" in line for line in out.splitlines() if line.startswith("fwd/"))
-    assert "1 cases, 1 pair, 10 rows: all passed" in out
+    assert "1 case, 1 pair, 10 rows: all passed" in out
 
 
 @pytest.mark.parametrize("flag", [False, True], ids=["atomic dQ", "--deterministic"])
@@ -78,7 +78,7 @@ def test_deterministic_flag_reaches_every_backward(flag, monkeypatch, capsys):
     argv = ["verify", "--kernel", "fa2", "--case", "Nq != Nk", "--dtype", "float32"]
     assert cli.main(argv + (["--deterministic"] if flag else [])) == 0
     out = capsys.readouterr().out
-    assert seen == [flag] and "1 cases, 1 pair, 5 rows: all passed" in out
+    assert seen == [flag] and "1 case, 1 pair, 5 rows: all passed" in out
     assert ("(deterministic=True)" in out) == flag
 
 

@@ -59,7 +59,7 @@ F32 = ["-m", "numba_flash", "bench", "--dtype", "float32", "--mode", "both", "--
 PYTEST = r"\d+ (passed|failed|errors?|skipped|deselected)\b.* in [\d.]+s"    # its last line
 STAGES = {
     "tests": (300, PYTEST),
-    "verify": (300, r" rows: |Error"),
+    "verify": (300, r" rows?: |Error"),
     "memcheck": (420, r"ERROR SUMMARY|" + PYTEST),
     "racecheck": (300, r"RACECHECK SUMMARY|ERROR SUMMARY"),
     "bench-bf16": (200, r"^all figures: |Error"),
