@@ -7,7 +7,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -128,6 +128,9 @@ for dtype in DTYPES:    # every pair that runs dtype itself at d = 16 was checke
         name for name in registry.PAIRS
         if registry.resolve(name, 16, np.dtype(dtype)).name == name}, (dtype, ratios)
 assert set(registry.PAIRS) == {p for _, p, _, _ in ratios}
+# every pair takes half inputs itself (as stored, or widened to float32 on the device)
+assert all({p for t, p, _, _ in ratios if t == dt} == set(registry.PAIRS)
+           for dt in ("float16", "bfloat16"))
 assert max(ratios.values()) <= 1.0, ratios
 assert spread and all(n >= 2 and s < 1e-13 for n, s in spread.values()), spread
 print("claim holds")

@@ -7,7 +7,7 @@
 #       extension: .py
 #       format_name: percent
 #       format_version: '1.3'
-#       jupytext_version: 1.19.6
+#       jupytext_version: 1.19.7
 #   kernelspec:
 #     display_name: Python 3 (ipykernel)
 #     language: python
@@ -114,8 +114,10 @@ print("largest |finite difference - kernel gradient|:", fd_err)
 # %%
 assert np.allclose(P_recomputed, ref.safe_softmax(S), atol=1e-14)
 assert np.abs(D_rowsum - D_pdp).max() < 1e-12
-assert set(results) == runs_itself and {dt for _, dt in results} == set(DTYPES), results
 assert set(registry.PAIRS) == {name for name, _ in results}
+# every pair takes half inputs itself (as stored, or widened to float32 on the device)
+assert all((name, dt) in results for name in registry.PAIRS for dt in ("float16", "bfloat16"))
+assert all((name, "float32") in results for name in ("rowwise", "tiled", "fa2"))
 assert all(c.ok for cs in results.values() for c in cs)
 assert fd_err < 1e-7
 print("claim holds")

@@ -40,12 +40,18 @@ def use_simulator_without_gpu():
     return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
 
 
-def require_gpu(what):
-    """Exit (status 2) with a message naming `what` when this process runs on Numba's CUDA
+def gpu_missing(what):
+    """True, after a message on stderr naming `what`, when this process runs on Numba's CUDA
     simulator: for the commands and tools that time, profile or probe a real GPU, which on the
     simulator would run for minutes and measure nothing."""
     import numba_flash
     if numba_flash.SIMULATOR:
         print(f"{what} needs a CUDA GPU; none was found (this process runs on Numba's CUDA "
               "simulator)", file=sys.stderr)
+    return numba_flash.SIMULATOR
+
+
+def require_gpu(what):
+    """Exit (status 2) where gpu_missing(what): for the lab tools' scripts."""
+    if gpu_missing(what):
         sys.exit(2)

@@ -5,7 +5,7 @@ import argparse
 import sys
 
 import numba_flash
-from ._gpu import require_gpu
+from ._gpu import gpu_missing
 
 
 def main(argv=None):
@@ -78,7 +78,8 @@ def main(argv=None):
                            all_pairs=args.all_pairs, case_names=args.cases,
                            dtypes=args.dtypes, deterministic=args.deterministic)
     if args.command == "bench":
-        require_gpu("numba-flash bench")
+        if gpu_missing("numba-flash bench"):
+            return 2
         from . import bench
         return bench.main(args.json, quick=args.quick, mode=args.mode, long=args.long,
                           head_dims=args.d, lengths=args.n, impls=args.impl, dtype=args.dtype)
@@ -89,7 +90,8 @@ def main(argv=None):
     if args.command == "replay":
         return replay(args.file)
     if args.command == "tune":
-        require_gpu("numba-flash tune")
+        if gpu_missing("numba-flash tune"):
+            return 2
         from . import tune
         return tune.main(n=args.n, forward=tuple(args.forward), backward=tuple(args.backward))
     return 2
@@ -160,7 +162,7 @@ def replay(path):
     from .testing.properties import PROPERTIES
     try:
         prop, kernel, problem = campaign.load_reproducer(path)
-    except (OSError, ValueError, KeyError) as e:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, IndexError) as e:
         print(f"numba-flash replay: cannot read a reproducer from {path}: {e}", file=sys.stderr)
         return 2
     if kernel not in PAIRS or prop not in PROPERTIES:

@@ -31,6 +31,8 @@ def test_fuzz_saves_reproducers_that_replay_fails(tmp_path, capsys):
     assert "cannot read a reproducer" in capsys.readouterr().err
     (tmp_path / "not.npz").write_bytes(b"not a reproducer")
     assert cli.main(["replay", str(tmp_path / "not.npz")]) == 2
+    np.save(tmp_path / "array.npy", np.zeros(3))             # an array, not a reproducer
+    assert cli.main(["replay", str(tmp_path / "array.npy")]) == 2
 
 
 def test_fuzz_cli_exits_zero_when_nothing_fails(tmp_path, capsys):

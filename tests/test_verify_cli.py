@@ -4,7 +4,7 @@ lists cover."""
 
 import pytest
 
-from numba_flash import cli, registry, verify
+from numba_flash import cli, cuda_gpu_present, registry, verify
 from numba_flash.testing import GPU_CASES, SIMULATOR_CASES, Case, mutants
 from numba_flash.testing.campaign import plan
 
@@ -162,3 +162,10 @@ def test_gpu_verify_compiles_ahead_into_an_empty_cache(tmp_path, monkeypatch, ca
     # per case: wgmma float32, a 16-bit Hopper pair in bfloat16 and float16, fa2 float64
     assert "compiled ahead: 8 of 8 (pair, d, causal, dtype) configurations" in out, out
     assert any((tmp_path / "cache").rglob("*.nbi"))
+
+
+@pytest.mark.skipif(cuda_gpu_present(), reason="the case of a machine without a GPU")
+@pytest.mark.parametrize("argv", [["bench", "--quick"], ["tune"]], ids=["bench", "tune"])
+def test_gpu_commands_refuse_without_a_gpu(argv, capsys):
+    assert cli.main(argv) == 2                      # returned, not a SystemExit
+    assert f"numba-flash {argv[0]} needs a CUDA GPU" in capsys.readouterr().err

@@ -232,6 +232,22 @@ def toolkit_home():
     return "/usr/local/cuda"
 
 
+def checked_home(tool):
+    """toolkit_home(), or exit naming `tool` and what to install when it has no bin/ptxas."""
+    home = toolkit_home()
+    if not os.path.exists(os.path.join(home, "bin", "ptxas")):
+        sys.exit(f"{tool}: no ptxas at {home}/bin: {SETUP}")
+    return home
+
+
+def exit_if_too_old(tool, home, stderr):
+    """Exit naming `tool` and what to install where ptxas's stderr says the PTX is newer than
+    it ('Unsupported .version': the NVVM that wrote it is newer than this ptxas)."""
+    if "Unsupported .version" in stderr:
+        sys.exit(f"{tool}: {home}/bin/ptxas is older than the NVVM that wrote the PTX "
+                 f"({stderr.strip().splitlines()[0]}): {SETUP}")
+
+
 def ptxas(label, kernel, args, home, arch="sm_90a", sass=False, sections=False):
     """ptxas -v's figures for one kernel compiled for `arch` ("sm_90a", or "sm_80" for the
     mma16 kernels): dict(registers, stack, spill_stores, spill_loads, seconds, and with sass
@@ -307,17 +323,13 @@ def main(words):
     sections = "--sections" in words
     sass = "--sass" in words or sections
     words = [w for w in words if w not in ("--sass", "--sections")]
-    home = toolkit_home()
-    if not os.path.exists(os.path.join(home, "bin", "ptxas")):
-        sys.exit(f"ptxas_check: no ptxas at {home}/bin: {SETUP}")
+    home = checked_home("ptxas_check")
     rows = []
     for label, kernel, args, *arch in kernels():
         if words and not all(w in label for w in words):
             continue
         r = ptxas(label, kernel, args, home, *arch, sass=sass, sections=sections)
-        if "Unsupported .version" in r.get("error", ""):
-            sys.exit(f"ptxas_check: {home}/bin/ptxas is older than the NVVM that wrote the PTX "
-                     f"({r['error'].splitlines()[0]}): {SETUP}")
+        exit_if_too_old("ptxas_check", home, r.get("error", ""))
         rows.append((label, r))
         print(f"{label}: {r.get('info') or r.get('error')} ({r['seconds']:.0f} s)", flush=True)
     if not rows:

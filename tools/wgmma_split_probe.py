@@ -102,13 +102,14 @@ def ptxas_info(fn, home):
     finally:
         os.unlink(f.name)
     if r.returncode:
+        ptxas_check.exit_if_too_old("wgmma_split_probe", home, r.stderr)
         sys.exit(f"ptxas failed on {fn.__name__}: {r.stderr}")
     return [line.split("info    : ")[-1].strip() for line in r.stderr.splitlines()
             if "C7517" in line or "Used" in line or "spill" in line]
 
 
 def main():
-    home = ptxas_check.toolkit_home()     # $CUDA_HOME, else the nvcc wheel's, else /usr/local
+    home = ptxas_check.checked_home("wgmma_split_probe")   # as ptxas_check finds ptxas
     injected = {}
     for fn in (split, split_misused):
         info = ptxas_info(fn, home)

@@ -258,7 +258,7 @@ def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=Tr
     failures, reproducer paths);
     tally(outcomes, pairs(...)) counts them per pair."""
     from tqdm import tqdm
-    if examples is None and not seconds:
+    if not examples and not seconds:
         raise ValueError("fuzz needs examples or seconds")
     todo = pairs(properties, kernels)
     outcomes, failures, paths = [], [], []
@@ -295,6 +295,8 @@ def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=Tr
                 return time.time() > deadline and (got.get(key, 0) > 0 or tried[0] > 20)
         search(prop, kernel, size, on_outcome=record, raise_on_failure=False,
                max_examples=examples or 10 ** 6, should_stop=stop, dtypes=dtypes)
+    if not examples:        # the time spent in all (the last pair ends past its deadline)
+        bar.update(min(time.time() - start, bar.total) - bar.n)
     bar.close()
     return outcomes, failures, paths
 
