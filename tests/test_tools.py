@@ -19,7 +19,8 @@ def _tool(name):
 
 
 # a made-up listing in cuobjdump's form: a loop without products (staging, the longer one),
-# the main loop (two HGMMA, shorter), an EXIT, then a subroutine past it
+# the main loop (two HGMMA, shorter; closed by a branch with a second predicate, as ptxas
+# closed the lean float32 forward's), an EXIT, then a subroutine past it
 SASS = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x00000a00ff017b82 */
         /*0010*/                   IADD3 R0, R0, 0x1, RZ ;                /* 0x0000000100007810 */
@@ -31,7 +32,7 @@ SASS = """
         /*0070*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], RZ ;
         /*0080*/                   NOP ;
         /*0090*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24 ;
-        /*00a0*/              @!P1 BRA 0x70 ;                             /* 0x0000000000009947 */
+        /*00a0*/               @P1 BRA !P3, 0x70 ;                        /* 0x0000000000009947 */
         /*00b0*/                   MUFU.EX2 R2, R2 ;                      /* 0x0000000000027308 */
         /*00c0*/                   STG.E.128 desc[UR4][R2.64], R4 ;      /* 0x000000040200798e */
         /*00d0*/                   EXIT ;                                 /* 0x000000000000794d */

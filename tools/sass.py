@@ -10,7 +10,9 @@ it does every step. Static counts: every instruction once, whatever runs it how 
 import re
 
 _LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
-_BRANCH = re.compile(r"\bBRA\s+(?:0x)?([0-9a-f]+)\b")
+# BRA's target, also behind modifiers and a second predicate operand (`@P1 BRA !P3, 0x4e20`:
+# the lean float32 forward's main loop closes so; missed before 2026-12-07)
+_BRANCH = re.compile(r"\bBRA(?:\.\w+)*\s+(?:!?U?P[\dT]+\s*,\s*)?(?:0x)?([0-9a-f]+)\b")
 TENSOR_OPS = ("HGMMA", "HMMA")
 
 
