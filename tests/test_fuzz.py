@@ -75,7 +75,7 @@ def test_fuzz_seconds_are_shared_by_every_pair(tmp_path, capsys):
     assert rc == 0 and "3 s shared among them" in out
     # the bar runs over the seconds; in a log (stderr not a terminal) it is drawn at its
     # start and end (every 30 s between), not once an example
-    draws = [d for d in captured.err.replace("\r", "\n").splitlines() if "of 3 s" in d]
+    draws = [d for d in captured.err.replace("\r", "\n").splitlines() if "of 00:03" in d]
     assert 2 <= len(draws) <= 3, captured.err
     assert "100%" in draws[-1] and "0 failed" in draws[-1], draws
     counts = {}

@@ -242,8 +242,9 @@ def _progress_bar(tqdm, examples, seconds, progress):
                   maxinterval=10 if interactive else 60)
     if examples:
         return tqdm(total=examples, unit="example", **common)
-    return tqdm(total=float(seconds), unit="s", **common,
-                bar_format="{l_bar}{bar}| {elapsed} of " + f"{seconds:g} s" + "{postfix}")
+    return tqdm(total=float(seconds), unit="s", **common,   # "01:40 of 15:00" (mm:ss)
+                bar_format="{l_bar}{bar}| {elapsed} of " + tqdm.format_interval(seconds)
+                + "{postfix}")
 
 
 def fuzz(size, examples=None, seconds=None, directory="reproducers", progress=True,
