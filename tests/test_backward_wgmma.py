@@ -6,7 +6,7 @@ recomputed exactly; clear errors for what the pair does not cover."""
 import numpy as np
 import pytest
 
-from numba_flash import flash_attention_backward, flash_attention_forward, registry
+from numba_flash import SIMULATOR, flash_attention_backward, flash_attention_forward, registry
 from numba_flash.kernels.sm90 import backward as sm90_backward
 from numba_flash.kernels.sm90 import forward as sm90_forward
 from numba_flash.testing import GPU_CASES, Case, assert_within_tolerance, check_backward
@@ -49,11 +49,41 @@ DQ_PASS = (Case("causal, fully masked rows", 1, 1, 1, 21, 7, 5, causal=True),
 
 
 @pytest.mark.parametrize("case", DQ_PASS, ids=lambda c: c.name)
-def test_deterministic_dq_pass_within_tolerance_and_dk_dv_as_the_atomic_path(case):
-    """deterministic=True changes only how dQ is summed: dk and dv come from the same dK/dV
-    kernel (run without its dQ), bit for bit; dq within tolerance either way."""
+def test_deterministic_within_tolerance_and_dk_dv_as_the_atomic_path(case):
+    """deterministic=True changes only how dQ is summed (d > 64: the dK/dV kernel without its
+    dQ, then the dQ pass; d <= 64: dQ added in order, the Q blocks taken without rotation,
+    the same sums for dk and dv where there is one Q block, as in these cases): dk and dv bit
+    for bit; dq within tolerance either way."""
     atomic, exact = check_case(case), check_case(case, deterministic=True)
     assert np.array_equal(atomic[1], exact[1]) and np.array_equal(atomic[2], exact[2])
+
+
+# d <= 64 with deterministic=True: the lean dK/dV kernel adds dQ in a fixed order, the last
+# K/V block first (make_lean_kernel's ordered). On the simulator blocks run one at a time in
+# index order, so each count is there when a block asks, and a wrong one raises (checked by
+# making the count one off); dk and dv are summed over Q blocks without the atomic path's
+# rotation (within tolerance, check_case)
+ORDERED = (Case("causal, Nq < Nk, GQA, B = 2, three K/V blocks", 2, 2, 1, 70, 130, 12,
+                causal=True),
+           Case("causal, Nq > Nk: Q blocks that no K/V block adds into", 1, 1, 1, 200, 60, 12,
+                causal=True),
+           Case("Nq > Nk, GQA, three Q blocks", 1, 2, 1, 130, 70, 12))
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator runs blocks in index order")
+@pytest.mark.parametrize("case", ORDERED, ids=lambda c: c.name)
+def test_ordered_dq_adds_within_tolerance_and_counted_right_on_the_simulator(case):
+    check_case(case, deterministic=True)
+
+
+@pytest.mark.skipif(not SIMULATOR, reason="the simulator runs blocks in index order")
+def test_ordered_dq_adds_give_the_atomic_paths_dq_where_two_blocks_add():
+    """Two K/V blocks: each dq entry is 0 + a + b in one order or the other, the same float,
+    so the ordered kernel's dq is the atomic path's bit for bit (it fails if the ordered
+    kernel adds what the atomic one does not, or the dQ pass runs instead)."""
+    case = ORDERED[2]
+    atomic, ordered = check_case(case), check_case(case, deterministic=True)
+    assert np.array_equal(atomic[0], ordered[0])
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
@@ -175,7 +205,7 @@ def test_wgmma_rejects_tiles_it_does_not_have_and_falls_back_where_it_cannot_run
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic dQ", "dQ pass"])
+@pytest.mark.parametrize("deterministic", [False, True], ids=["atomic dQ", "deterministic"])
 @pytest.mark.parametrize("case", [c for c in GPU_CASES if c.d <= 128]
                          + [Case("N = 2048", 1, 4, 4, 2048, 2048, 64),
                             Case("N = 2048, causal, GQA", 1, 4, 2, 2048, 2048, 64, causal=True),
@@ -200,4 +230,22 @@ def test_gpu_wgmma_deterministic_backward_is_bitwise_reproducible(d):
     for _ in range(19):
         again = flash_attention_backward(dout, q, k, v, out, lse, causal=True, kernel="wgmma",
                                          deterministic=True)
+        assert all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
+@pytest.mark.gpu
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
+def test_gpu_ordered_dq_adds_finish_and_repeat_with_more_blocks_than_fit(causal):
+    """d = 64 deterministic with 1024 dK/dV blocks (more than an H100 or H200 holds at once,
+    two a SM): every block's wait ends (a hang is this test's failure, at its timeout) and
+    three calls give the same bits."""
+    case = Case("many blocks", 2, 32, 8, 4096, 4096, 64, causal=causal)
+    q, k, v, dout = case.inputs(np.float32)
+    out, lse = flash_attention_forward(q, k, v, causal=causal, kernel="wgmma")
+    first = flash_attention_backward(dout, q, k, v, out, lse, causal=causal, kernel="wgmma",
+                                     deterministic=True)
+    for _ in range(2):
+        again = flash_attention_backward(dout, q, k, v, out, lse, causal=causal,
+                                         kernel="wgmma", deterministic=True)
         assert all(np.array_equal(a, b) for a, b in zip(first, again))

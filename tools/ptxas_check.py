@@ -102,6 +102,8 @@ DKDV16_ARGS = (H3, H3, H3, H3, A2, A2, H3, H3, A3, float32, int64, int64)   # dk
 FORWARD_ARGS = (A3, A3, A3, A3, A2, float32, int64, int64)
 # (q, k, v, dout, lse, D, dk, dv, dq, scale, heads, group)
 DKDV_ARGS = (A3, A3, A3, A3, A2, A2, A3, A3, A3, float32, int64, int64)
+# the ordered lean kernel (deterministic, d <= 64): then sem, int32 (B*H, Q blocks)
+ORDERED_ARGS = DKDV_ARGS + (types.Array(types.int32, 2, "C"),)
 # (q, k, v, dout, lse, D, dq, scale, heads, group)
 DQ_ARGS = (A3, A3, A3, A3, A2, A2, A3, float32, int64, int64)
 F32 = np.dtype(np.float32)
@@ -145,6 +147,10 @@ def kernels():
                         f"sm90 backward {size} causal={causal} dq_out={dq_out}{tag}",
                         launcher):
                     yield label, kernel, DKDV_ARGS
+        launcher, _ = sm90_backward.dkdv_launcher(False, causal, True, half, ordered=True)
+        for label, kernel in _dispatchers(f"sm90 backward lean causal={causal} ordered{tag}",
+                                          launcher):
+            yield label, kernel, ORDERED_ARGS
         for wide, size in ((False, "lean"), (True, "wide")):
             launcher, _, _ = sm90_dq.launcher(wide, causal, half)
             for label, kernel in _dispatchers(f"sm90 dq {size} causal={causal}{tag}",

@@ -20,10 +20,12 @@ Per Q block (rows i), with the forward's operand roles (M = i):
   with atomics: two adjacent head-dim columns of a dq row per red.global.add.v2.f32 where dq
   is 8-byte aligned (vector_atomics; AlignedDispatch runs the scalar twin otherwise).
 
-deterministic=True: the same dK/dV kernel without its dQ (add_dq=False), then the dQ pass
-(make_dq_kernel): one block per Q block, over the K/V blocks, recomputing S with the forward's
+deterministic=True, d <= 64: the lean kernel adds dQ itself in a fixed order, the K/V blocks'
+(make_lean_kernel's ordered: a count per (head, Q block), each block waiting for the ones
+before it); d > 64: the wide dK/dV kernel without its dQ (dq_out=False), then the dQ pass
+(sm90/dq.py): one block per Q block, over the K/V blocks, recomputing S with the forward's
 own code (sm90.forward's S formation on the same staged tiles), dP, dS, and dQ = dS K summed
-in the block's registers in a fixed order: no atomics, bitwise reproducible.
+in the block's registers in a fixed order: no atomics. Both bitwise reproducible.
 Registers and spills: tools/ptxas_check.py; figures: docs/performance.md.
 """
 
@@ -215,7 +217,7 @@ def make_sdp_elements(views, vector=False):
 
 @functools.lru_cache(maxsize=None)
 def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=True,
-                     half=False):
+                     half=False, ordered=False):
     """The dK/dV/dQ kernel for d <= 64: grid (ceil(Nk / 64), B*Hk), 128 threads, arguments (q,
     k, v, dout, lse, D, dk, dv, dq, scale, heads, group) on (B*H, N, d) float32 arrays, dq
     holding zeros. K and V staged, every A operand read from global memory (Q, dO and their
@@ -235,8 +237,19 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     not read).
     half: q, k, v, dout hold half values (exact in TF32): S and dP skip the products of K's
     and V's zero small parts, dV those of dO's, dQ those of K^T's (wgmma.products' exact);
-    dK's A is scale Q, not exact, and keeps all three."""
+    dK's A is scale Q, not exact, and keeps all three.
+    ordered (with dq_out; the deterministic backward at d <= 64): dQ added in a fixed order,
+    FlashAttention-3's deterministic mode. The K/V blocks are taken last first (block x of the
+    grid holds K/V block kb = gridDim.x - 1 - x) and each from its m_start up (no rotation);
+    into Q block b they add in that order, from the last K/V block that adds there (kmax, below
+    the causal diagonal's) down, each waiting until sem[bh, b] (int32, zeros at launch) counts
+    the ones before it (kmax - kb), adding, then counting itself in. A K/V block higher than kb
+    starts at or after kb's m_start, so it reaches Q block b no later than kb does (causal: kb
+    seldom waits more than for the adds); it is also launched before kb, so no block waits on
+    one launched after it. The kernel takes sem after group. On the simulator blocks run one
+    at a time in index order: the count is there when a block asks, and a wrong one raises."""
     DQ_OUT = dq_out
+    ORDERED = ordered and dq_out
     # K's tile step-permuted: dQ^T's A rows read where they are, paired
     dq_fragment = transposed_fragment_paired_permuted
     add_dq_acc = add_dq_pairs if vector_atomics else add_dq_pairs_by_element
@@ -256,16 +269,19 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
     accumulate_dv = make_accumulate_w(half, vector_loads)
     accumulate_w = make_accumulate_w(False, vector_loads)
 
-    @kernel_jit(WARPGROUP)
-    def dkdv_wgmma_lean(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
-        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+    @inlined_device_function
+    def lean(sm, q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group, sem):
         head = head_index()                # index into B*Hk
         if head >= k.shape[0]:      # a block past the last head (support.head_grid)
             return
         kvh = U(head)
         tid = U(cuda.threadIdx.x)
         warp, lane = tid // U(32), tid % U(32)
-        n0 = U(cuda.blockIdx.x) * uBM
+        if ORDERED:     # the last K/V block first (see above)
+            kb = U(cuda.gridDim.x) - U(1) - U(cuda.blockIdx.x)
+        else:
+            kb = U(cuda.blockIdx.x)
+        n0 = kb * uBM
         nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
         s_acc = cuda.local.array(REGS, float32)      # S, then P
         dp_acc = cuda.local.array(REGS, float32)     # dP, then dS
@@ -292,7 +308,8 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
             bh = b_idx * U(heads) + U(head % kv_heads) * U(group) + U(g)
             # the Q blocks m_start.. in turn, from `first` round to the one before it
             first = m_start
-            first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
+            if not ORDERED:
+                first += U(cuda.blockIdx.x) % ((nq - m_start + uBM - U(1)) // uBM) * uBM
             m0 = first
             while True:
                 i0, i1 = m0 + row, m0 + row + U(8)
@@ -369,7 +386,25 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                                                        U(W_T + STEP_FLOATS),
                                                        U(W_T + TILE + STEP_FLOATS), s,
                                                        U(LEAN_SCRATCH_AT)))
+                    if ORDERED:     # wait for the K/V blocks above this one (see above)
+                        kmax = U(cuda.gridDim.x) - U(1)
+                        if causal:  # the last K/V block that adds into this Q block
+                            kmax = min(kmax, (m0 + uBM + nk - nq - U(1)) // uBM)
+                        if tid == U(0):
+                            if SIMULATOR:
+                                if cuda.atomic.add(sem, (bh, m0 // uBM), 0) != kmax - kb:
+                                    raise RuntimeError("ordered dQ adds: a count is wrong")
+                            else:
+                                while cuda.atomic.add(sem, (bh, m0 // uBM), 0) != kmax - kb:
+                                    pass
+                            cuda.threadfence()
+                        cuda.syncthreads()
                     add_dq_acc(dq, bh, m0, nq, d, dq_acc, scale, warp, lane)
+                    if ORDERED:     # every thread's adds done and visible, then count in
+                        cuda.threadfence()
+                        cuda.syncthreads()
+                        if tid == U(0):
+                            cuda.atomic.add(sem, (bh, m0 // uBM), 1)
                     cuda.syncthreads()                 # dS read by every warp
                 m0 += uBM
                 if m0 >= nq:
@@ -378,6 +413,20 @@ def make_lean_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
                     break
 
         store_dkdv(dk, dv, kvh, n0, nk, d, dk_acc, dv_acc, warp, lane)
+
+    if ORDERED:
+        @kernel_jit(WARPGROUP)
+        def dkdv_wgmma_lean_ordered(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group,
+                                    sem):
+            sm = cuda.shared.array(0, float32, alignment=ALIGN)
+            lean(sm, q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group, sem)
+
+        return Launcher(dkdv_wgmma_lean_ordered, LEAN_NBYTES), WARPGROUP
+
+    @kernel_jit(WARPGROUP)
+    def dkdv_wgmma_lean(q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group):
+        sm = cuda.shared.array(0, float32, alignment=ALIGN)
+        lean(sm, q, k, v, dout, lse, Dvec, dk, dv, dq, scale, heads, group, dq)  # (no sem)
 
     return Launcher(dkdv_wgmma_lean, LEAN_NBYTES), WARPGROUP
 
@@ -578,26 +627,40 @@ def make_wide_kernel(causal, vector_atomics=False, vector_loads=False, dq_out=Tr
 
 
 @functools.lru_cache(maxsize=None)
-def dkdv_launcher(d_wide, causal, dq_out=True, half=False):
+def dkdv_launcher(d_wide, causal, dq_out=True, half=False, ordered=False):
     """(kernel, threads) of the dK/dV(/dQ) kernel: the vector variant (dQ pairs by one vector
     atomic; dV's and dK's A read 8 bytes at a time; wide: Q and dO 16 bytes at a time) where
     q, dout and dq are 16-byte aligned (their data and rows: d % 4 == 0; dq only when dQ is
-    added), the scalar twin otherwise (vector_io.AlignedDispatch; the same sums)."""
+    added), the scalar twin otherwise (vector_io.AlignedDispatch; the same sums). ordered
+    (lean, with dQ): make_lean_kernel's ordered dQ adds, the kernels taking sem last."""
     if d_wide:
         scalar, threads = make_wide_kernel(causal, False, False, dq_out, half)
         vector = make_wide_kernel(causal, True, True, dq_out, half)[0]
         return AlignedDispatch(vector, scalar, (0, 3, DQ_ARG) if dq_out else (0, 3)), threads
-    scalar, threads = make_lean_kernel(causal, False, False, dq_out, half)
-    vector = make_lean_kernel(causal, dq_out, True, dq_out, half)[0]   # (no dQ: no atomics)
+    scalar, threads = make_lean_kernel(causal, False, False, dq_out, half, ordered)
+    vector = make_lean_kernel(causal, dq_out, True, dq_out, half, ordered)[0]  # no dQ: no atomics
     return AlignedDispatch(vector, scalar, (0, 3, DQ_ARG) if dq_out else (0, 3)), threads
+
+
+@kernel_jit()
+def _clear_counts(sem):
+    """sem[:, :] = 0 (the ordered dQ adds' counts, int32 (B*H, Q blocks))."""
+    i = cuda.grid(1)
+    if i < sem.size:
+        sem[i // sem.shape[1], i % sem.shape[1]] = 0
+
+
+clear_counts = Launcher(_clear_counts)    # (a Launcher: recorded and replayed with the rest)
 
 
 def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, causal,
                  block_m=BLOCK, block_n=BLOCK, deterministic=False, stream=0, half=False):
     """The Hopper backward on 3-D float32 device arrays (registry contract): the preprocess
-    kernel (D = rowsum(dO * O); dq zeroed unless deterministic), the dK/dV kernel (lean for
-    d <= 64, wide above) adding dQ with atomics, or with deterministic=True the dK/dV kernel
-    without dQ and then the dQ pass (make_dq_kernel: no atomics). All on `stream`.
+    kernel (D = rowsum(dO * O); dq zeroed unless deterministic at d > 64), the dK/dV kernel
+    (lean for d <= 64, wide above) adding dQ with atomics; with deterministic=True at d <= 64
+    the lean kernel adding dQ in a fixed order (counts in an int32 (B*H, Q blocks) array of its
+    own, cleared first), above it the wide kernel without dQ and then the dQ pass (sm90/dq.py:
+    no atomics). All on `stream`.
     half: q, k, v, dout hold half values (the API's widened half inputs; registry.Pair.
     half_inputs): the products of their zero small parts are not issued (the same sums)."""
     from ... import arrays
@@ -605,10 +668,18 @@ def run_backward(dout, q, k, v, lse, out, dq, dk, dv, *, scale, heads, group, ca
     bh, nq, d = q.shape
     bhk, nk, _ = k.shape
     D = arrays.empty_device((bh, nq), q.dtype)
-    run_preprocess(dout, out, D, dq, clear=not deterministic, stream=stream)
+    ordered = deterministic and d <= D_PAD      # d <= 64: dQ adds in a fixed order
+    run_preprocess(dout, out, D, dq, clear=not deterministic or ordered, stream=stream)
+    grid = (ceil_div(nk, BLOCK), *head_grid(bhk))
+    args = (q, k, v, dout, lse, D, dk, dv, dq, np.float32(scale), heads, group)
+    if ordered:
+        sem = arrays.empty_device((bh, ceil_div(nq, BLOCK)), np.int32)
+        clear_counts[ceil_div(bh * ceil_div(nq, BLOCK), 256), 256, stream](sem)
+        kernel, threads = dkdv_launcher(False, bool(causal), True, bool(half), True)
+        kernel[grid, threads, stream](*args, sem)
+        return
     kernel, threads = dkdv_launcher(d > D_PAD, bool(causal), not deterministic, bool(half))
-    kernel[(ceil_div(nk, BLOCK), *head_grid(bhk)), threads, stream](
-        q, k, v, dout, lse, D, dk, dv, dq, np.float32(scale), heads, group)
+    kernel[grid, threads, stream](*args)
     if deterministic:
         run_dq(dout, q, k, v, lse, D, dq, scale=scale, heads=heads, group=group,
                causal=causal, stream=stream, half=half)
