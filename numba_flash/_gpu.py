@@ -44,11 +44,12 @@ def gpu_missing(what):
     """True, after a message on stderr naming `what`, when this process runs on Numba's CUDA
     simulator: for the commands and tools that time, profile or probe a real GPU, which on the
     simulator would run for minutes and measure nothing."""
-    import numba_flash
-    if numba_flash.SIMULATOR:
+    # (numba_flash, a parent of this module, has already set the variable when it had to)
+    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+    if simulator:
         print(f"{what} needs a CUDA GPU; none was found (this process runs on Numba's CUDA "
               "simulator)", file=sys.stderr)
-    return numba_flash.SIMULATOR
+    return simulator
 
 
 def require_gpu(what):
