@@ -87,17 +87,15 @@ def test_ordered_dq_adds_give_the_atomic_paths_dq_where_two_blocks_add():
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["unmasked", "causal"])
-@pytest.mark.parametrize("d", [12, 68], ids=["lean: two blocks an SM", "wide: K from a raw block"])
-def test_dq_pass_twins_give_the_staged_twins_bits(d, causal):
-    """The dQ pass's twin for 16-byte aligned inputs copies the next block's K by cp.async
-    into a raw block and splits K and K^T from there; the lean one (make_lean_dq_kernel_two,
-    two blocks an SM) also reads scale Q's A fragments from global memory, S and dP a step
-    each per wait, where the staged one stages scale Q and forms S two steps per wait. Same
-    operands, each step's product added in the same order, so the same dq bit for bit: two
-    K/V blocks, the last partial (zeros past Nk from the copies' zero fill), unmasked or
-    causal (Nq < Nk: rows 14-19 see part of the second), GQA, d = 12 (lean) or 68 (wide: 4
-    columns in the upper half), zeros past d. (The simulator's copies land at once: a missing
-    wait or barrier shows only on the GPU, under racecheck.)"""
+def test_dq_pass_twins_give_the_staged_twins_bits(causal):
+    """The dQ pass (d > 64) for 16-byte aligned inputs copies the next block's K by cp.async
+    into a raw block and splits K and K^T from there; its scalar twin stages K and K^T from
+    global memory. Same operands, each step's product added in the same order, so the same dq
+    bit for bit: two K/V blocks, the last partial (zeros past Nk from the copies' zero fill),
+    unmasked or causal (Nq < Nk: rows 14-19 see part of the second), GQA, d = 68 (4 columns in
+    the upper half), zeros past d. (The simulator's copies land at once: a missing wait or
+    barrier shows only on the GPU, under racecheck.)"""
+    d = 68
     from numba_flash.kernels.sm90 import dq as sm90_dq
     from numba_flash.kernels.support import head_grid
     from numba_flash.kernels.vector_io import aligned
@@ -108,7 +106,7 @@ def test_dq_pass_twins_give_the_staged_twins_bits(d, causal):
     lse2 = lse.reshape(q3.shape[:2]).astype(np.float32)
     D = (do3.astype(np.float64) * o3).sum(-1).astype(np.float32)
     assert aligned(q3, k3, v3, do3)
-    dispatch, threads, _ = sm90_dq.launcher(d > 64, causal)
+    dispatch, threads, _ = sm90_dq.launcher(causal)
     results = []
     for kernel in (dispatch.vector, dispatch.scalar):
         dq = np.zeros_like(q3)

@@ -26,7 +26,7 @@ launchers the pairs call (so a variant this file does not name is not compiled):
                 loads, causal both;
       backward  the dK/dV(/dQ) kernel, lean and wide, vector and scalar, dq_out True (dQ by
                 atomics) and False (the deterministic path's), causal both;
-      dq        the deterministic dQ pass, lean and wide (vector and scalar loads), causal both;
+      dq        the deterministic dQ pass (wide: d > 64; vector and scalar loads), causal both;
       each also as its half-input variant (label "... half": the products of the half
       inputs' zero small parts not issued);
     sm90 forward16 and backward16 (the "wgmma16" pair: its forward, its dK/dV kernel): d = 64
@@ -151,11 +151,9 @@ def kernels():
         for label, kernel in _dispatchers(f"sm90 backward lean causal={causal} ordered{tag}",
                                           launcher):
             yield label, kernel, ORDERED_ARGS
-        for wide, size in ((False, "lean"), (True, "wide")):
-            launcher, _, _ = sm90_dq.launcher(wide, causal, half)
-            for label, kernel in _dispatchers(f"sm90 dq {size} causal={causal}{tag}",
-                                              launcher):
-                yield label, kernel, DQ_ARGS
+        launcher, _, _ = sm90_dq.launcher(causal, half)
+        for label, kernel in _dispatchers(f"sm90 dq wide causal={causal}{tag}", launcher):
+            yield label, kernel, DQ_ARGS
     for causal, fmt, d in ((c, f, d) for c in (False, True) for f in ("bfloat16", "float16")
                            for d in (64, 128)):
         launcher, _ = sm90_forward16.make_forward_kernel(*sm90_forward16.tiles(d), d, causal,

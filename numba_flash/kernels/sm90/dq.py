@@ -1,21 +1,15 @@
-"""The Hopper dQ pass without atomics (deterministic=True): one block per Q block, over the K/V
-blocks it sees, in order; dQ summed in the block's registers and stored once, so that dq is
-bitwise the same from run to run. It follows sm90.backward's dK/dV kernel run with
-dq_out=False.
+"""The Hopper dQ pass without atomics for 64 < d <= 128 (deterministic=True): one block per Q
+block, over the K/V blocks it sees, in order; dQ summed in the block's registers and stored
+once, so that dq is bitwise the same from run to run. It follows sm90.backward's wide dK/dV
+kernel run with dq_out=False. (At d <= 64 the lean dK/dV kernel adds dQ in a fixed order itself,
+sm90.backward's ordered=True: no pass; this file's lean kernels went with that, 2026-12-07.)
 
-Per K/V block (rows j): S = (scale Q) K^T formed by the forward's own functions on the same
-staged tiles (sm90.operands.make_lean_s / make_wide_s: P is the forward's bit for bit),
-dP = dO V^T, P = exp(S - lse), dS = P (dP - D), dQ += dS K with dS straight from the
-accumulator registers as wgmma's A operand against K^T staged with each 8-key group permuted
-(as the forward's P V against V^T), chained per CHAIN = 4 steps; at the end dq = scale dQ.
-
-    d <= 64:        128 threads, 64 query rows; where k is 16-byte aligned (d % 4 == 0),
-                    K, V, K^T permuted and the next block's K as stored (a raw block,
-                    cp.async), scale Q read from global memory: 113 KiB, two blocks an SM
-                    (make_lean_dq_kernel_two); else scale Q, K, V, K^T staged: 128 KiB.
-    64 < d <= 128:  256 threads, 128 query rows (64 per warpgroup, as the wide forward);
-                    K's two halves, V's, K^T's: 192 KiB.
-"""
+Per K/V block (rows j): S = (scale Q) K^T formed by the wide forward's own functions on the same
+staged tiles (sm90.operands.make_wide_s: P is the forward's bit for bit), dP = dO V^T,
+P = exp(S - lse), dS = P (dP - D), dQ += dS K with dS straight from the accumulator registers
+as wgmma's A operand against K^T staged with each 8-key group permuted (as the forward's P V
+against V^T), chained per CHAIN = 4 steps; at the end dq = scale dQ. 256 threads, 128 query
+rows (64 per warpgroup, as the wide forward); K's two halves, V's, K^T's: 192 KiB."""
 
 import functools
 
@@ -26,24 +20,11 @@ from ..support import (ALIGN, SIMULATOR, U, Launcher, ceil_div, head_grid, head_
                        inlined_device_function, kernel_jit, kv_head, make_recompute_p)
 from ..vector_io import AlignedDispatch
 from .forward import BLOCK_M_WIDE, STAGE_LOADS, copies_wait_all, split_ds_chain
-from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, RAW_FLOATS, REGS, STEP_FLOATS, STEPS,
-                       TILE, add, add2,
-                       add_in_turn, clear, make_fetch_raw, make_global_fragment, make_lean_s,
-                       make_stage, make_stage_raw, make_wide_s, raw_floats, row_stats,
-                       split_fragment)
+from .operands import (BLOCK, CHAIN_A, D_PAD, HALF, RAW_FLOATS, REGS, TILE, add, clear,
+                       make_fetch_raw, make_stage, make_stage_raw, make_wide_s, row_stats)
 from .softmax import causal_key_limits, exp_where
 from .wgmma import CHAIN, SCRATCH, WARPGROUP, fence_proxy_async, opaque_zero, products
 
-# lean: scale Q, K, V (both K-major over the head dim), K^T permuted; each big then small
-Q_T, K_T, V_T, KT_T = 0, 2 * TILE, 4 * TILE, 6 * TILE
-SCRATCH_AT = 8 * TILE
-NBYTES = 4 * (SCRATCH_AT + (SCRATCH if SIMULATOR else 0))
-# two blocks an SM (make_lean_dq_kernel_two): K, V, K^T permuted; then K as stored, a block
-# ahead: 113 KiB a block, two fill the SM's 228 KiB (1 KiB of each block's is the system's)
-TWO_K_T, TWO_V_T, TWO_KT_T = 0, 2 * TILE, 4 * TILE
-TWO_SCRATCH_AT = 6 * TILE
-TWO_RAW_K_AT = TWO_SCRATCH_AT + (SCRATCH if SIMULATOR else 0)
-TWO_NBYTES = 4 * (TWO_RAW_K_AT + raw_floats(D_PAD))
 # wide: K's halves, V's halves (both chain-permuted), K^T's halves (permuted)
 WIDE_K_T, WIDE_V_T, WIDE_KT_T = 0, 2 * HALF, 4 * HALF
 WIDE_SCRATCH_AT = 6 * HALF
@@ -83,224 +64,18 @@ def make_ds(causal):
 
 
 @functools.lru_cache(maxsize=None)
-def make_lean_key_end(causal):
-    """key_end(row0, nq, nk): the keys the lean dQ kernels' Q block (rows row0..row0 + 63)
-    runs over, 0 .. this. Causal: key j is visible to query i iff j + nq <= i + nk; none past
-    the block."""
-    @inlined_device_function
-    def key_end(row0, nq, nk):
-        n_end = nk
-        if causal:
-            last = row0 + U(BLOCK) + nk
-            n_end = min(nk, last - nq) if last > nq else U(0)
-        return n_end
-    return key_end
-
-
-@functools.lru_cache(maxsize=None)
-def make_add_ds_k(kt_at, scratch_at, half):
-    """add_ds_k(sm, dq_acc, a_big, a_small, s_acc): dQ += dS K for the lean dQ kernels, dS's C
-    fragment (s_acc) split as the A fragment against the permuted K^T tile at kt_at, one chain
-    of CHAIN steps after the other. half: K^T's zero small parts' products not issued."""
-    chained_regs = products(BLOCK, D_PAD, D_PAD, "b" if half else None)["chained_3xtf32_regs"]
-
-    @inlined_device_function
-    def add_ds_k(sm, dq_acc, a_big, a_small, s_acc):
-        split_ds_chain(a_big, a_small, s_acc, 0)
-        add(dq_acc, chained_regs(sm, a_big, a_small, U(kt_at), U(kt_at + TILE), 0,
-                                 U(scratch_at)))
-        split_ds_chain(a_big, a_small, s_acc, CHAIN)
-        add(dq_acc, chained_regs(sm, a_big, a_small, U(kt_at), U(kt_at + TILE), CHAIN,
-                                 U(scratch_at)))
-    return add_ds_k
-
-
-@inlined_device_function
-def store_lean_dq(dq, dq_acc, bh, i0, i1, col_t, nq, d, scale):
-    """dq[bh, rows i0 / i1, columns] = scale dQ from the lean dQ kernels' accumulator."""
-    for j in range(REGS):
-        i = i1 if (j % 4) // 2 else i0
-        c = U(8 * (j // 4) + j % 2) + col_t
-        if i < nq and c < d:
-            dq[bh, i, c] = dq_acc[j] * scale
-
-
-@functools.lru_cache(maxsize=None)
-def make_lean_dq_kernel(causal, half=False):
-    """The dQ kernel for d <= 64: grid (ceil(Nq / 64), B*H), 128 threads, arguments (q, k, v,
-    dout, lse, D, dq, scale, heads, group) on (B*H, N, d) float32 arrays; writes dq.
-    half: k and v hold half values (exact in TF32): S, dP and dS K skip the products of
-    their zero small parts (wgmma.products' exact="b"), as the forward's S does.
-    K, V and K^T staged from global memory at each block's start, between the two barriers:
-    128 KiB, one block an SM; the kernel for misaligned k (make_lean_dq_kernel_two where k
-    is 16-byte aligned)."""
-    # scale Q and K as the forward stages them (S's contraction permuted in each step), V and
-    # dO's fragments (dP's contraction) alike
-    stage_q = make_stage(False, permuted=True, loads=STAGE_LOADS)
-    stage = make_stage(False, permuted=True)              # K and V
-    stage_kt = make_stage(True, permuted=True)            # K^T, each 8-key group permuted
-    s_steps = make_lean_s(K_T, SCRATCH_AT, half)
-    prod = products(BLOCK, D_PAD, D_PAD, "b" if half else None)
-    step2_regs = prod["step2_3xtf32_regs"]
-    add_ds_k = make_add_ds_k(KT_T, SCRATCH_AT, half)
-    key_end = make_lean_key_end(causal)
-    fragment = make_global_fragment(False, step_permuted=True)
-    ds_in_place = make_ds(causal)
-    uBM = U(BLOCK)
-
-    @kernel_jit(WARPGROUP)
-    def dq_wgmma(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
-        sm = cuda.shared.array(0, float32, alignment=ALIGN)
-        head = head_index()
-        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
-            return
-        bh = U(head)
-        kv = U(kv_head(head, heads, group))
-        tid = U(cuda.threadIdx.x)
-        warp, lane = tid // U(32), tid % U(32)
-        row0 = U(cuda.blockIdx.x) * uBM
-        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
-        g4, t4 = lane // U(4), lane % U(4)
-        row, col_t = warp * U(16) + g4, t4 * U(2)
-        i0, i1 = row0 + row, row0 + row + U(8)
-        s_acc = cuda.local.array(REGS, float32)          # S, then dS
-        dp_acc = cuda.local.array(REGS, float32)         # dP
-        dq_acc = cuda.local.array(REGS, float32)         # dQ / scale
-        a_big = cuda.local.array(CHAIN_A, float32)       # dS's A fragments, split
-        a_small = cuda.local.array(CHAIN_A, float32)
-        stage_q(sm, U(Q_T), q, bh, row0, U(0), d, scale)
-        q_at = U(Q_T) + warp * U(1024) + lane
-        lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
-        clear(dq_acc)
-        n_end = key_end(row0, nq, nk)
-        n0 = U(0)
-        while n0 < n_end:
-            cuda.syncthreads()                      # every warp is done with the last tiles
-            stage(sm, U(K_T), k, kv, n0, U(0), d, float32(1.0))
-            stage(sm, U(V_T), v, kv, n0, U(0), d, float32(1.0))
-            stage_kt(sm, U(KT_T), k, kv, n0, U(0), d, float32(1.0))
-            fence_proxy_async()
-            cuda.syncthreads()
-            n1 = n0 + uBM
-            clear(s_acc)                            # S: the forward's steps
-            s_steps(sm, s_acc, q_at, 0)
-            s_steps(sm, s_acc, q_at, 2)
-            s_steps(sm, s_acc, q_at, 4)
-            s_steps(sm, s_acc, q_at, 6)
-            clear(dp_acc)                           # dP = dO V^T, two steps per wait
-            # dO's rows re-read from L1 / L2 per K/V block: without opaque_zero LLVM hoists
-            # the loads out of the loop and ptxas spills (as in the wide forward)
-            do_row0 = row0 + opaque_zero()
-            for s2 in range(STEPS // 2):
-                s = 2 * s2
-                a_b, a_s = fragment(dout, bh, do_row0, s, float32(1.0), d, warp, lane)
-                a2_b, a2_s = fragment(dout, bh, do_row0, s + 1, float32(1.0), d, warp, lane)
-                add_in_turn(dp_acc, step2_regs(sm, a_b, a_s, U(V_T), U(V_T + TILE), a2_b, a2_s,
-                                               U(V_T + STEP_FLOATS),
-                                               U(V_T + TILE + STEP_FLOATS), s,
-                                               U(SCRATCH_AT)))
-            ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk)
-            add_ds_k(sm, dq_acc, a_big, a_small, s_acc)     # dQ += dS K
-            n0 = n1
-        store_lean_dq(dq, dq_acc, bh, i0, i1, col_t, nq, d, scale)
-
-    return Launcher(dq_wgmma, NBYTES), WARPGROUP
-
-
-@functools.lru_cache(maxsize=None)
-def make_lean_dq_kernel_two(causal, half=False):
-    """make_lean_dq_kernel's dQ kernel (grid, threads, arguments, sums: the same dq bit for
-    bit) in 113 KiB, so that two blocks share an SM: scale Q's A fragments read from global
-    memory a step ahead and split in registers, no Q tile (as the lean dK/dV kernel forms S:
-    S and dP one step each per tensor-core wait, each step added in order, as the forward's
-    two-step waits add theirs); the next K/V block's K copied as stored into a raw block by
-    cp.async once this block's tiles are staged, K and K^T split from there; V staged from
-    global memory between the barriers. Needs k 16-byte aligned and d % 4 == 0. Against the
-    one-block kernel with K and V a block ahead that it replaced: deterministic fwd+bwd
-    1.107-1.149x at d = 64 (H100, 2026-12-07 19:13, docs/experiments.md row 57)."""
-    stage = make_stage(False, permuted=True)              # V
-    fetch_raw = make_fetch_raw(WARPGROUP, D_PAD, column_once=True)
-    stage_raw = make_stage_raw(False, permuted=True, loads=8, columns=D_PAD)     # K
-    stage_raw_kt = make_stage_raw(True, permuted=True, loads=8, columns=D_PAD)   # K^T
-    prod = products(BLOCK, D_PAD, D_PAD, "b" if half else None)
-    step2_regs = prod["step2_3xtf32_regs"]
-    add_ds_k = make_add_ds_k(TWO_KT_T, TWO_SCRATCH_AT, half)
-    key_end = make_lean_key_end(causal)
-    elements = make_global_fragment(False, split=False, step_permuted=True)
-    ds_in_place = make_ds(causal)
-    uBM = U(BLOCK)
-
-    @kernel_jit(WARPGROUP)
-    def dq_wgmma_two(q, k, v, dout, lse, Dvec, dq, scale, heads, group):
-        sm = cuda.shared.array(0, float32, alignment=ALIGN)
-        head = head_index()
-        if head >= q.shape[0]:      # a block past the last head (support.head_grid)
-            return
-        bh = U(head)
-        kv = U(kv_head(head, heads, group))
-        tid = U(cuda.threadIdx.x)
-        warp, lane = tid // U(32), tid % U(32)
-        row0 = U(cuda.blockIdx.x) * uBM
-        nq, nk, d = U(q.shape[1]), U(k.shape[1]), U(q.shape[2])
-        g4, t4 = lane // U(4), lane % U(4)
-        row, col_t = warp * U(16) + g4, t4 * U(2)
-        i0, i1 = row0 + row, row0 + row + U(8)
-        s_acc = cuda.local.array(REGS, float32)          # S, then dS
-        dp_acc = cuda.local.array(REGS, float32)         # dP
-        dq_acc = cuda.local.array(REGS, float32)         # dQ / scale
-        a_big = cuda.local.array(CHAIN_A, float32)       # dS's A fragments, split
-        a_small = cuda.local.array(CHAIN_A, float32)
-        lse0, lse1, D0, D1 = row_stats(lse, Dvec, bh, i0, i1, nq)
-        clear(dq_acc)
-        n_end = key_end(row0, nq, nk)
-        n0 = U(0)
-        if n0 < n_end:
-            fetch_raw(sm, U(TWO_RAW_K_AT), k, kv, n0, nk, d)
-        while n0 < n_end:
-            copies_wait_all()                       # this thread's copies of this block's K
-            cuda.syncthreads()                      # every warp is done with the last tiles
-            stage_raw(sm, U(TWO_K_T), U(TWO_RAW_K_AT), U(0))
-            stage_raw_kt(sm, U(TWO_KT_T), U(TWO_RAW_K_AT), U(0))
-            stage(sm, U(TWO_V_T), v, kv, n0, U(0), d, float32(1.0))
-            fence_proxy_async()
-            cuda.syncthreads()
-            n1 = n0 + uBM
-            if n1 < n_end:              # the raw block is read: the next block's K into it
-                fetch_raw(sm, U(TWO_RAW_K_AT), k, kv, n1, nk, d)
-            # S = (scale Q) K^T and dP = dO V^T, a step of each per wait; Q's and dO's rows
-            # re-read from L1 / L2 per K/V block (opaque_zero: not hoisted out of the loop)
-            m0 = row0 + opaque_zero()
-            clear(s_acc)
-            clear(dp_acc)
-            xq = elements(q, bh, m0, 0, d, warp, lane)
-            xdo = elements(dout, bh, m0, 0, d, warp, lane)
-            for s in range(STEPS):
-                q_big, q_small = split_fragment(xq, scale)
-                do_big, do_small = split_fragment(xdo, float32(1.0))
-                xq = elements(q, bh, m0, s + 1, d, warp, lane)      # (past d: zeros)
-                xdo = elements(dout, bh, m0, s + 1, d, warp, lane)
-                add2(s_acc, dp_acc, step2_regs(sm, q_big, q_small, U(TWO_K_T),
-                                               U(TWO_K_T + TILE), do_big, do_small,
-                                               U(TWO_V_T), U(TWO_V_T + TILE), s,
-                                               U(TWO_SCRATCH_AT)))
-            ds_in_place(s_acc, dp_acc, lse0, lse1, D0, D1, i0, i1, n0, col_t, nq, nk)
-            add_ds_k(sm, dq_acc, a_big, a_small, s_acc)     # dQ += dS K
-            n0 = n1
-        store_lean_dq(dq, dq_acc, bh, i0, i1, col_t, nq, d, scale)
-
-    return Launcher(dq_wgmma_two, TWO_NBYTES), WARPGROUP
-
-
-@functools.lru_cache(maxsize=None)
 def make_wide_dq_kernel(causal, vector_loads, half=False):
-    """The dQ kernel for 64 < d <= 128: grid (ceil(Nq / 128), B*H), 256 threads, the lean
-    dQ kernel's arguments. vector_loads: q's and dout's runs of 8 read 16 bytes at a time, and
+    """The dQ kernel: grid (ceil(Nq / 128), B*H), 256 threads, arguments (q, k, v, dout, lse,
+    D, dq, scale, heads, group) on (B*H, N, d) float32 arrays, 64 < d <= 128; writes dq.
+    vector_loads: q's and dout's runs of 8 read 16 bytes at a time, and
     K a block ahead: the next block's K copied as stored into a raw block by cp.async once
     this block's tiles are staged, K's and K^T's halves split from there (q, k, dout 16-byte
     aligned, d % 4 == 0: `launcher` picks); else K's halves and K^T's are staged from global
-    memory at each block's start. Warpgroup g stages column half g of K, V and K^T. half: as
-    make_lean_dq_kernel's. K a block ahead: deterministic fwd+bwd 1.003-1.033x at d = 128
-    (H100, 2026-12-07 19:13, docs/experiments.md row 58)."""
+    memory at each block's start. Warpgroup g stages column half g of K, V and K^T. half: k
+    and v hold half values (exact in TF32): S, dP and dS K skip the products of their zero
+    small parts (wgmma.products' exact="b"), as the forward's S does. K a block ahead:
+    deterministic fwd+bwd 1.003-1.033x at d = 128 (H100, 2026-12-07 19:13, docs/experiments.md
+    row 58)."""
     RAW_K = vector_loads
     stage = make_stage(False, per_warpgroup=True, chain_permuted=True)   # K, V
     # (column_once: ptxas spills 56 / 40 bytes unmasked / causal, 192 / 212 without it)
@@ -416,14 +191,9 @@ def make_wide_dq_kernel(causal, vector_loads, half=False):
 
 
 @functools.lru_cache(maxsize=None)
-def launcher(d_wide, causal, half=False):
-    """(kernel, threads, block_m): the lean dQ kernel, two blocks an SM where k is 16-byte
-    aligned, or the wide one with its vector-load variant (and K a block ahead) where q, k
-    and dout are (AlignedDispatch; the same sums)."""
-    if not d_wide:
-        two, threads = make_lean_dq_kernel_two(causal, half)
-        staged = make_lean_dq_kernel(causal, half)[0]
-        return AlignedDispatch(two, staged, (1,)), threads, BLOCK
+def launcher(causal, half=False):
+    """(kernel, threads, block_m): the wide dQ kernel, its vector-load variant (and K a block
+    ahead) where q, k and dout are 16-byte aligned (AlignedDispatch; the same sums)."""
     vector, threads = make_wide_dq_kernel(causal, True, half)
     scalar = make_wide_dq_kernel(causal, False, half)[0]
     return AlignedDispatch(vector, scalar, (0, 1, DOUT_ARG)), threads, BLOCK_M_WIDE
@@ -433,6 +203,9 @@ def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal, stream=0, 
     """dq from the forward's lse and D = rowsum(dO * O), on 3-D float32 device arrays, on
     `stream`; half: as sm90.backward.run_backward's."""
     bh, nq, d = q.shape
-    kernel, threads, block_m = launcher(d > D_PAD, bool(causal), bool(half))
+    if d <= D_PAD:
+        raise ValueError(f"sm90.dq.run_dq: d = {d}; at d <= {D_PAD} the lean dK/dV kernel "
+                         "adds dQ itself (sm90.backward, ordered=True)")
+    kernel, threads, block_m = launcher(bool(causal), bool(half))
     kernel[(ceil_div(nq, block_m), *head_grid(bh)), threads, stream](
         q, k, v, dout, lse, D, dq, np.float32(scale), heads, group)
