@@ -28,7 +28,7 @@ def main(argv=None):
                           help='only the case of this name, e.g. "GQA" (repeatable; default '
                                'all)')
     p_verify.add_argument("--deterministic", action="store_true",
-                          help="run every backward with deterministic=True (the dQ passes)")
+                          help="run every backward with deterministic=True (no dQ atomics)")
     p_bench = sub.add_parser("bench", help="TFLOP/s and peak memory beside the peers")
     p_bench.add_argument("--json", default="bench.json", help="file for every figure")
     p_bench.add_argument("--quick", action="store_true", help="a small grid (a smoke test)")

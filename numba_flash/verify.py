@@ -48,8 +48,8 @@ def _main(simulator, quiet=False, kernels=None, all_pairs=False, case_names=None
     all_pairs: every registered pair instead. case_names: only the cases of these names;
     cases: the case list itself (default SIMULATOR_CASES on the simulator, else GPU_CASES).
     dtypes: the inputs' dtypes (default every one the API takes, api.DTYPES).
-    deterministic: every backward with deterministic=True (the dQ passes of the pairs that
-    add dQ by atomics).
+    deterministic: every backward with deterministic=True (the pairs that add dQ by atomics
+    add it in a fixed order or in a dQ pass instead).
     progress: show a tqdm bar on stderr (default: when stderr is a terminal)."""
     from tqdm import tqdm
     if all_pairs and kernels:
