@@ -152,6 +152,28 @@ def make_lean_kernel(causal, half=False, raw_v=False):
     s_steps = make_lean_s(K_T, SCRATCH_AT, half)
     online_softmax = make_online_softmax(causal)
     uBM = U(BLOCK)
+    # unmasked: the first K/V block's K and V loads issued before scale Q is staged, so that
+    # the block's first loads overlap: forward 1.021 / 1.033 / 1.026x at d = 64 N = 1k / 4k /
+    # 16k; causal kept Q first: that order spilled 124 bytes there and ran 0.990-0.999x (GPU
+    # time, H100, 2026-12-08 00:10, docs/experiments.md row 60)
+    EARLY_KV = not causal
+
+    @inlined_device_function
+    def start_keys(sm, k_next, k, v, kv, n0, row0, nq, nk, d):
+        """(n_end, more): the Q block of rows row0.. runs over keys n0 = 0 .. n_end (causal:
+        key j is visible to query i iff j + nq <= i + nk; none past the block); more: there is
+        a first K/V block, whose K is then fetched into k_next and (raw_v) V copied into the
+        raw block."""
+        n_end = nk
+        if causal:
+            last = row0 + uBM + nk
+            n_end = min(nk, last - nq) if last > nq else U(0)
+        more = n0 < n_end
+        if more:
+            fetch_k(k_next, k, kv, n0, U(0), d)
+            if raw_v:
+                fetch_raw_v(sm, U(RAW_V_AT), v, kv, n0, nk, d)
+        return n_end, more
 
     @inlined_device_function
     def pv_chain(sm, o_acc, p, a_big, a_small, s0):
@@ -186,6 +208,10 @@ def make_lean_kernel(causal, half=False, raw_v=False):
         a_big = cuda.local.array(CHAIN_A, float32)       # P's A fragments, split
         a_small = cuda.local.array(CHAIN_A, float32)
         k_next = cuda.local.array(PER_THREAD, float32)   # the next K/V block's K, fetched
+        n0 = U(0)
+        first = n0
+        if EARLY_KV:       # (a constant: Numba prunes the branch it does not take)
+            n_end, more = start_keys(sm, k_next, k, v, kv, n0, row0, nq, nk, d)
         # scale Q, staged once as big and small parts; its A fragments are read from there
         stage_q(sm, U(Q_T), q, bh, row0, U(0), d, scale)
         q_at = U(Q_T) + warp * U(1024) + lane     # core_offset(row, t4, 64): see q_fragment
@@ -194,17 +220,8 @@ def make_lean_kernel(causal, half=False, raw_v=False):
             l[h] = float32(0.0)
         clear(o_acc)
 
-        n_end = nk
-        if causal:      # key j is visible to query i iff j + nq <= i + nk; none past the block
-            last = row0 + uBM + nk
-            n_end = min(nk, last - nq) if last > nq else U(0)
-        n0 = U(0)
-        first = n0
-        more = n0 < n_end
-        if more:
-            fetch_k(k_next, k, kv, n0, U(0), d)
-            if raw_v:
-                fetch_raw_v(sm, U(RAW_V_AT), v, kv, n0, nk, d)
+        if not EARLY_KV:
+            n_end, more = start_keys(sm, k_next, k, v, kv, n0, row0, nq, nk, d)
         while more:
             if raw_v:
                 copies_wait_all()                   # this thread's copies of this block's V
