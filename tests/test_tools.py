@@ -208,19 +208,33 @@ def test_tree_ab_packs_two_commits_and_compares_their_runs(tmp_path):
         assert "tools/gpu_time.py" in tar.getnames()
     ran = []
 
-    def call(argv, cwd, env, stdout, stderr):       # gpu_time.py in each tree: ms 2.0, then 1.6
-        ran.append((cwd, env["PYTHONPATH"].split(os.pathsep)[0], argv[1:]))
-        ms = 2.0 if len(ran) == 1 else 1.6
-        row = dict(d=64, N=1024, causal=False, dtype="float32", mode="fwd", ours_ms=ms,
-                   ours_tflops=1.0, peer_ms=3.0, peer_tflops=1.0)
-        with open(argv[-1], "w") as f:
-            json.dump(dict(kernel="wgmma", peer="efficient", device="H", date="now",
-                           deterministic=False, rows=[row]), f)
-        return 0
-    lines = tree_ab.run(["--mode", "fwd"], str(tmp_path / "out"), str(tmp_path), call=call)
+    def runs(status=0, complete=True):
+        """A stand-in for gpu_time.py in each tree: ms 2.0, then 1.6; `status` its exit
+        status, `complete` what its --json file says."""
+        def call(argv, cwd, env, stdout, stderr):
+            ran.append((cwd, env["PYTHONPATH"].split(os.pathsep)[0], argv[1:]))
+            ms = 2.0 if len(ran) % 2 else 1.6
+            row = dict(d=64, N=1024, causal=False, dtype="float32", mode="fwd", ours_ms=ms,
+                       ours_tflops=1.0, peer_ms=3.0, peer_tflops=1.0)
+            with open(argv[-1], "w") as f:
+                json.dump(dict(kernel="wgmma", peer="efficient", device="H", date="now",
+                               deterministic=False, rows=[row], complete=complete), f)
+            return status
+        return call
+    lines = tree_ab.run(["--mode", "fwd"], str(tmp_path / "out"), str(tmp_path), call=runs())
     assert [r[0] == r[1] for r in ran] == [True, True]          # each tree imports its own
     assert ran[0][2][:3] == [os.path.join("tools", "gpu_time.py"), "--mode", "fwd"]
     assert "(1.250x)" in lines[-1] and "1.88" in lines[-1]
+    assert not any("exited" in line for line in lines)
+    # every row written, then an abort at exit: the rows are used, a line says so
+    lines = tree_ab.run([], str(tmp_path / "o3"), str(tmp_path), call=runs(status=-6))
+    assert lines[0].startswith("base: gpu_time.py exited -6 after writing every row")
+    assert lines[1].startswith("new: gpu_time.py exited -6") and "(1.250x)" in lines[-1]
+    # a run that stopped part way (its file without complete=True) fails, exit 0 or not
+    for status in (0, -6):
+        assert tree_ab.run([], str(tmp_path / "o4"), str(tmp_path),
+                           call=runs(status, complete=False)) == [
+            f"base: gpu_time.py exited {status} (log: {tmp_path / 'o4' / 'ab-base.log'})"]
     assert tree_ab.run([], str(tmp_path / "o2"), str(tmp_path),
                        call=lambda *a, **k: 3)[0].startswith("base: gpu_time.py exited 3")
 

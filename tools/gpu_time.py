@@ -113,6 +113,15 @@ def main(argv=None):
     det = " deterministic" if args.deterministic else ""
     print(f"{args.kernel} beside torch {args.peer}, {args.dtype}, {args.mode}{det}, on {gpu}, "
           f"{date}: GPU ms a call (TFLOP/s)")
+
+    def write(complete):
+        """The rows so far into --json (after each row); complete: every row of the grid is in
+        (tree_ab then takes the file even if the process dies at exit: History 12-07 22:45)."""
+        with open(args.json, "w") as f:
+            json.dump(dict(kernel=args.kernel, peer=args.peer, device=gpu, date=date,
+                           deterministic=args.deterministic, rows=rows, complete=complete), f,
+                      indent=1)
+
     for d in args.d:
         for n in args.n:
             for causal in (False, True):
@@ -147,10 +156,9 @@ def main(argv=None):
                       f"({r['peer_tflops']:.1f})  ratio {r['peer_ms'] / r['ours_ms']:.2f}",
                       flush=True)
                 if args.json:
-                    with open(args.json, "w") as f:
-                        json.dump(dict(kernel=args.kernel, peer=args.peer, device=gpu,
-                                       date=date, deterministic=args.deterministic,
-                                       rows=rows), f, indent=1)
+                    write(False)
+    if args.json:
+        write(True)
 
 
 if __name__ == "__main__":
