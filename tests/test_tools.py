@@ -216,9 +216,12 @@ def test_tree_ab_packs_two_commits_and_compares_their_runs(tmp_path):
             ms = 2.0 if len(ran) % 2 else 1.6
             row = dict(d=64, N=1024, causal=False, dtype="float32", mode="fwd", ours_ms=ms,
                        ours_tflops=1.0, peer_ms=3.0, peer_tflops=1.0)
+            result = dict(kernel="wgmma", peer="efficient", device="H", date="now",
+                          deterministic=False, rows=[row], complete=complete)
+            if complete is None:
+                del result["complete"]
             with open(argv[-1], "w") as f:
-                json.dump(dict(kernel="wgmma", peer="efficient", device="H", date="now",
-                               deterministic=False, rows=[row], complete=complete), f)
+                json.dump(result, f)
             return status
         return call
     lines = tree_ab.run(["--mode", "fwd"], str(tmp_path / "out"), str(tmp_path), call=runs())
@@ -230,11 +233,17 @@ def test_tree_ab_packs_two_commits_and_compares_their_runs(tmp_path):
     lines = tree_ab.run([], str(tmp_path / "o3"), str(tmp_path), call=runs(status=-6))
     assert lines[0].startswith("base: gpu_time.py exited -6 after writing every row")
     assert lines[1].startswith("new: gpu_time.py exited -6") and "(1.250x)" in lines[-1]
-    # a run that stopped part way (its file without complete=True) fails, exit 0 or not
+    # a run that stopped part way (its file marked incomplete) fails, exit 0 or not
     for status in (0, -6):
         assert tree_ab.run([], str(tmp_path / "o4"), str(tmp_path),
                            call=runs(status, complete=False)) == [
-            f"base: gpu_time.py exited {status} (log: {tmp_path / 'o4' / 'ab-base.log'})"]
+            f"base: gpu_time.py exited {status} before writing every row "
+            f"(log: {tmp_path / 'o4' / 'ab-base.log'})"]
+    # an older tree's gpu_time.py writes no mark: its exit status decides
+    assert "(1.250x)" in tree_ab.run([], str(tmp_path / "o5"), str(tmp_path),
+                                     call=runs(0, complete=None))[-1]
+    assert tree_ab.run([], str(tmp_path / "o6"), str(tmp_path),
+                       call=runs(-6, complete=None))[0].startswith("base: gpu_time.py exited -6 (")
     assert tree_ab.run([], str(tmp_path / "o2"), str(tmp_path),
                        call=lambda *a, **k: 3)[0].startswith("base: gpu_time.py exited 3")
 

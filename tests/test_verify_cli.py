@@ -64,7 +64,7 @@ def test_kernel_and_case_choose_the_rows(capsys):
 
 @pytest.mark.parametrize("flag", [False, True], ids=["atomic dQ", "--deterministic"])
 def test_deterministic_flag_reaches_every_backward(flag, monkeypatch, capsys):
-    """--deterministic runs every backward with deterministic=True (the dQ passes), and the
+    """--deterministic runs every backward with deterministic=True (no dQ atomics), and the
     rows still pass; without it, none does."""
     from numba_flash.testing import campaign
     seen = []

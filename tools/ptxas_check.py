@@ -12,7 +12,9 @@ at least as new as the NVVM that writes the PTX ("Unsupported .version" otherwis
 --sass: also count each kernel's SASS instructions (FMUL, FFMA, FADD, FMNMX, MUFU, HGMMA,
 HMMA, LDS, BAR, SHFL, LDG, BSSY: the convergence barriers a branch around divergent code costs;
 total; static counts) with cuobjdump, e.g. to see what a change to the
-softmax costs in instructions before a GPU times it. --sections (implies --sass): also the
+softmax costs in instructions before a GPU times it, and a digest of the listing (sha1,
+function names left out): a refactor shows it changed no kernel when the digests before and
+after match (the dQ pass's removal of 2026-12-07, the lean forward's early loads of 12-08). --sections (implies --sass): also the
 instructions before, in and after the main loop and in subroutines (tools/sass.py), what a
 block does once against what it does every step (forward16 at d = 64, 2026-12-04: 913 / 526
 / 486 / 307, docs/performance.md).
@@ -55,6 +57,7 @@ kernel's Python function at the argument types the API launches it with, `.targe
 made `sm_90a` (wgmma needs the a-target), then `ptxas -arch=sm_90a -v` (with -maxrregcount
 where the kernel's cuda.jit sets max_registers).
 """
+import hashlib
 import importlib.util
 import os
 import re
@@ -215,6 +218,11 @@ def sass_counts(cubin, sections=False):
         ops[op] = ops.get(op, 0) + 1
     if sections:
         ops.update(sass.sections(text))
+    # the listing's digest, its header and function-name lines left out (the names carry
+    # Numba's mangling): two builds of a kernel with the same digest run the same code
+    listing = "\n".join(line for line in text.splitlines()
+                        if "Function :" not in line and ".text." not in line)
+    ops["digest"] = hashlib.sha1(listing.encode()).hexdigest()[:10]
     return ops
 
 
@@ -317,6 +325,8 @@ def table(rows):
                       + f" {sum(parts.values())}") if sass else ""
             if "loop" in ops:
                 counts += "  " + " ".join(f"{k} {ops[k]}" for k in SECTIONS)
+            if "digest" in ops:
+                counts += f"  sha1 {ops['digest']}"
             lines.append(f"{label:<{width}}  {r['registers']:>4}  {r['stack']:>5}  "
                          f"{r['spill_stores']:>8}  {r['spill_loads']:>8}  {r['wgmma']}"
                          + (f"  {counts}" if counts else ""))

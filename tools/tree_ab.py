@@ -62,8 +62,9 @@ def run(gpu_time_args, out, folder=".gpu", call=subprocess.call):
     """Extract each packed tree into a temporary folder, run its tools/gpu_time.py with
     gpu_time_args and --json out/ab-NAME.json there (its log out/ab-NAME.log), then return
     the lines of `gpu_time.py --compare` of the two (or say which run failed: no --json
-    file, or one without complete=True). A run that wrote every row and then exited nonzero
-    (gpu_time.py has been seen to abort at exit) is used, a line before the table saying so."""
+    file, one marked incomplete, or a nonzero exit with an unmarked file, from an older
+    tree's gpu_time.py). A run that wrote every row and then exited nonzero (gpu_time.py has
+    been seen to abort at exit) is used, a line before the table saying so."""
     os.makedirs(out, exist_ok=True)
     rest = os.environ.get("PYTHONPATH", "")
     results, notes = [], []
@@ -78,7 +79,11 @@ def run(gpu_time_args, out, folder=".gpu", call=subprocess.call):
             status = call([sys.executable, os.path.join("tools", "gpu_time.py"),
                            *gpu_time_args, "--json", path], cwd=tree, env=env, stdout=log,
                           stderr=subprocess.STDOUT)
-        if not _complete(path):
+        complete = _complete(path)
+        if complete is False:
+            return [f"{name}: gpu_time.py exited {status} before writing every row "
+                    f"(log: {log.name})"]
+        if status and complete is None:
             return [f"{name}: gpu_time.py exited {status} (log: {log.name})"]
         if status:      # every row written, then a crash at exit (seen: glibc's "double free")
             notes.append(f"{name}: gpu_time.py exited {status} after writing every row "
@@ -93,12 +98,15 @@ def run(gpu_time_args, out, folder=".gpu", call=subprocess.call):
 
 
 def _complete(path):
-    """Whether gpu_time.py's --json file at path exists and says it holds every row."""
+    """Whether gpu_time.py's --json file at path holds every row: True or False as the file
+    says, False where there is no readable file, None for a file without the mark (written by
+    the gpu_time.py of a tree older than 2026-12-08: then the exit status decides)."""
     try:
         with open(path) as f:
-            return json.load(f).get("complete", False) is True
-    except (OSError, ValueError):
+            mark = json.load(f).get("complete")
+    except (OSError, ValueError, AttributeError):
         return False
+    return None if mark is None else mark is True
 
 
 def main(argv=None):

@@ -9,7 +9,8 @@ staged tiles (sm90.operands.make_wide_s: P is the forward's bit for bit), dP = d
 P = exp(S - lse), dS = P (dP - D), dQ += dS K with dS straight from the accumulator registers
 as wgmma's A operand against K^T staged with each 8-key group permuted (as the forward's P V
 against V^T), chained per CHAIN = 4 steps; at the end dq = scale dQ. 256 threads, 128 query
-rows (64 per warpgroup, as the wide forward); K's two halves, V's, K^T's: 192 KiB."""
+rows (64 per warpgroup, as the wide forward); K's two halves, V's, K^T's: 192 KiB (225 with
+the next block's K as stored, the vector variant)."""
 
 import functools
 
@@ -201,7 +202,8 @@ def launcher(causal, half=False):
 
 def run_dq(dout, q, k, v, lse, D, dq, *, scale, heads, group, causal, stream=0, half=False):
     """dq from the forward's lse and D = rowsum(dO * O), on 3-D float32 device arrays, on
-    `stream`; half: as sm90.backward.run_backward's."""
+    `stream`; half: as sm90.backward.run_backward's. 64 < d <= 128 (a ValueError at d <= 64,
+    where run_backward adds dQ in the lean dK/dV kernel)."""
     bh, nq, d = q.shape
     if d <= D_PAD:
         raise ValueError(f"sm90.dq.run_dq: d = {d}; at d <= {D_PAD} the lean dK/dV kernel "

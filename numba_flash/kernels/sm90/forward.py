@@ -128,6 +128,8 @@ def make_lean_kernel(causal, half=False, raw_v=False):
     K and V there from global memory (gpu_time, H100, 2026-12-06). ptxas gives it 255
     registers (2 blocks an SM still fit: 2 x 128 x 256 registers is the SM's 64 Ki); fetching
     V^T into registers too, or K before S, spilled 220-824 bytes.
+    Unmasked, the first K/V block's loads are issued before scale Q is staged (EARLY_KV,
+    below); causal, after.
     raw_v: V a block ahead too, without registers: the next block's V rows copied as stored
     into a raw 64 x 64 block of shared memory by cp.async (operands.make_fetch_raw) once this
     block's tiles are staged, and V^T split into its tile from there at the next block's start

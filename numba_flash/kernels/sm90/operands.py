@@ -16,8 +16,8 @@ moves P by percents):
   steps chained in the tensor core, A from `make_chain_fragments(permuted=True)` (each
   thread's entries runs of 8 contiguous columns, `chain_column`), B = K staged with
   `make_stage(chain_permuted=True)`, the four chains added in order.
-The forward and the deterministic dQ pass form S with the same functions (make_lean_s,
-make_wide_s); the dK/dV kernels with the same fragments and products, loaded a step ahead
+The forward forms S with make_lean_s / make_wide_s, and the deterministic dQ pass (d > 64)
+with make_wide_s too; the dK/dV kernels with the same fragments and products, loaded a step ahead
 (sm90.backward): the same values in the same sums.
 
 Layout (wgmma.core_offset): a 64 x 64 tile of floats, K-major, as its big and small TF32
