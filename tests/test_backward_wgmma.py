@@ -248,3 +248,14 @@ def test_gpu_ordered_dq_adds_finish_and_repeat_with_more_blocks_than_fit(causal)
         again = flash_attention_backward(dout, q, k, v, out, lse, causal=causal,
                                          kernel="wgmma", deterministic=True)
         assert all(np.array_equal(a, b) for a, b in zip(first, again))
+
+
+def test_dq_pass_refuses_lean_head_dims():
+    """The dQ pass is the wide one only (d > 64): at d <= 64 run_backward adds dQ in the
+    lean dK/dV kernel, and a direct call says so instead of launching a kernel that is not
+    there."""
+    from numba_flash.kernels.sm90.dq import run_dq
+    q = np.zeros((1, 4, 64), np.float32)
+    lse = np.zeros((1, 4), np.float32)
+    with pytest.raises(ValueError, match="d = 64"):
+        run_dq(q, q, q, q, lse, lse, q.copy(), scale=0.125, heads=1, group=1, causal=False)
