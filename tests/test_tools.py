@@ -169,6 +169,23 @@ def test_gpu_run_runs_the_stages_that_fit_and_sums_each_up(tmp_path):
     assert gpu_run.main(["host", "--budget", "1", "--out", str(tmp_path)]) == 1
 
 
+def test_gpu_run_bundles_more_files_than_the_device_tool_brings_back(tmp_path):
+    import tarfile
+    gpu_run = _tool("gpu_run")
+    for i in range(8):
+        (tmp_path / f"stage{i}.txt").write_text(str(i))
+    assert gpu_run.bundle(str(tmp_path)) is None                # 8 files come back as they are
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "bench.json").write_text("{}")
+    path = gpu_run.bundle(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == ["gpu-run.tgz", "sub"]
+    with tarfile.open(path) as tar:
+        names = sorted(tar.getnames())
+        assert names == ["stage0.txt", "stage1.txt", "stage2.txt", "stage3.txt", "stage4.txt",
+                         "stage5.txt", "stage6.txt", "stage7.txt", "sub/bench.json"]
+        assert tar.extractfile("sub/bench.json").read() == b"{}"
+
+
 def test_gpu_run_stops_a_stage_and_its_children_at_its_time(tmp_path):
     # a sanitizer or pytest past its time is killed with its whole process group: a child
     # left running would hold the GPU into the next stage

@@ -26,7 +26,9 @@ Stages (default: tests memcheck bench-bf16 bench-f32):
 
 Each stage's time allowed is in STAGES; the default stages take more than one command's 600 s
 (the gpu tests alone can): split them over two commands, or narrow the tests with --tests.
---out defaults to $OUT (what the device tool brings back), else ./gpu-run. Run from the
+--out defaults to $OUT (what the device tool brings back), else ./gpu-run; where the stages leave
+more than 8 files there (the most the device tool brings back), they end up in one
+gpu-run.tgz. Run from the
 repository's root with numba_flash importable (on the H200 machine: PYTHONPATH, after the numpy
 wheel: ../shared/gpu/README.md).
 """
@@ -38,6 +40,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tarfile
 import time
 
 PY = sys.executable
@@ -156,6 +159,22 @@ def run_stages(stages, out, budget, tests=(), run=_run, clock=time.monotonic):
     return rows
 
 
+def bundle(out, limit=8):
+    """Where out holds more than `limit` files (the device tool brings back at most 8 from
+    $OUT: more are left on the machine and lost with it, as on 2026-12-08), pack them all into
+    out/gpu-run.tgz and delete the loose ones; the archive's path, or None when they fit."""
+    files = [os.path.join(folder, name) for folder, _, names in os.walk(out) for name in names]
+    if len(files) <= limit:
+        return None
+    path = os.path.join(out, "gpu-run.tgz")
+    with tarfile.open(path, "w:gz") as tar:
+        for f in sorted(files):
+            tar.add(f, arcname=os.path.relpath(f, out))
+    for f in files:
+        os.unlink(f)
+    return path
+
+
 def gpu_name():
     """nvidia-smi's name of the GPU, or why there is none."""
     if shutil.which("nvidia-smi") is None:
@@ -189,6 +208,9 @@ def main(argv=None):
     rows = run_stages(args.stages, args.out, args.budget, args.tests)
     for stage, status, seconds, line in rows:
         print(f"{stage:11} {status!s:>7} {seconds:6.0f} s  {line}")
+    packed = bundle(args.out)
+    if packed:
+        print(f"every file of {args.out} is in {packed} (more than the device tool brings back)")
     ran = [status for _, status, _, _ in rows if status != "skipped"]
     return 0 if ran and all(status == 0 for status in ran) else 1
 
