@@ -19,6 +19,11 @@ def cuda_gpu_present():
     return count.value > 0
 
 
+def simulator_on():
+    """Whether NUMBA_ENABLE_CUDASIM asks for Numba's CUDA simulator (as numba reads it)."""
+    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+
+
 def use_simulator_without_gpu():
     """Turn on Numba's CUDA simulator when no GPU is present and the user has not chosen.
 
@@ -37,7 +42,7 @@ def use_simulator_without_gpu():
                           "them on Numba's CUDA simulator", RuntimeWarning, stacklevel=3)
             return False
         os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
-    return os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+    return simulator_on()
 
 
 def gpu_missing(what):
@@ -45,7 +50,7 @@ def gpu_missing(what):
     simulator: for the commands and tools that time, profile or probe a real GPU, which on the
     simulator would run for minutes and measure nothing."""
     # (numba_flash, a parent of this module, has already set the variable when it had to)
-    simulator = os.environ.get("NUMBA_ENABLE_CUDASIM", "0") not in ("", "0")
+    simulator = simulator_on()
     if simulator:
         print(f"{what} needs a CUDA GPU; none was found (this process runs on Numba's CUDA "
               "simulator)", file=sys.stderr)
